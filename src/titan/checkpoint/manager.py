@@ -1,0 +1,161 @@
+"""CheckpointManager over torch.distributed.checkpoint (DCP), with atomic commits.
+
+A checkpoint is written to `step-N.tmp/` by every rank; after a barrier rank 0 writes `titan.json`
+(what was saved, by which model) and renames the folder to `step-N/`. A folder without that name and
+file is never loaded, so a crash mid-save leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from titan.metrics.logging import logger
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+MANIFEST = "titan.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for this run (another model, missing step, unreadable)."""
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps with a committed checkpoint, oldest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for entry in folder.iterdir():
+        m = STEP_DIR.match(entry.name)
+        if m and (entry / MANIFEST).is_file() and (entry / ".metadata").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+class CheckpointManager:
+    def __init__(self, folder: str | Path, checkpoint_config, model_identity: dict[str, Any]):
+        self.folder = Path(folder)
+        self.config = checkpoint_config
+        self.identity = model_identity
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enable
+
+    def should_save(self, step: int, last_step: int) -> bool:
+        return self.enabled and (step % self.config.interval == 0 or step == last_step)
+
+    def _state(self, model, optimizer, lr_scheduler, train_state: dict[str, int]) -> dict[str, Any]:
+        # Scalars travel as tensors so that nothing of ours needs pickling.
+        return {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(model, optimizer),
+            "lr_scheduler": {"last_epoch": torch.tensor(lr_scheduler.last_epoch)},
+            "train_state": {k: torch.tensor(v, dtype=torch.int64) for k, v in train_state.items()},
+        }
+
+    def save(self, step: int, model, optimizer, lr_scheduler, train_state: dict[str, int]) -> Path:
+        final = self.folder / f"step-{step}"
+        tmp = self.folder / f"step-{step}.tmp"
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        dcp.save(self._state(model, optimizer, lr_scheduler, train_state), checkpoint_id=str(tmp))
+        _barrier()
+        if _rank() == 0:
+            manifest = {**self.identity, "step": step, "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            self._prune()
+            logger.info(f"saved checkpoint {final}")
+        _barrier()
+        return final
+
+    def _prune(self) -> None:
+        k = self.config.keep_latest_k
+        if k > 0:
+            for step in complete_steps(self.folder)[:-k]:
+                shutil.rmtree(self.folder / f"step-{step}", ignore_errors=True)
+
+    def step_to_load(self) -> int | None:
+        if not self.enabled:
+            return None
+        steps = complete_steps(self.folder)
+        if self.config.load_step >= 0:
+            if self.config.load_step not in steps:
+                raise CheckpointError(
+                    f"checkpoint.load_step {self.config.load_step} has no complete checkpoint in {self.folder} "
+                    f"(complete: {steps or 'none'}); pick one of those or -1 for the latest"
+                )
+            return self.config.load_step
+        return steps[-1] if steps else None
+
+    def load(self, step: int, model, optimizer, lr_scheduler) -> dict[str, int]:
+        """Restores the states in place and returns the train state (step, data position, ...)."""
+        path = self.folder / f"step-{step}"
+        manifest = json.loads((path / MANIFEST).read_text())
+        for key in ("model", "flavor"):
+            if manifest.get(key) != self.identity.get(key):
+                raise CheckpointError(
+                    f"checkpoint {path} holds model {manifest.get('model')}/{manifest.get('flavor')}, this run "
+                    f"trains {self.identity.get('model')}/{self.identity.get('flavor')}; use another "
+                    "checkpoint.folder or job.dump_folder"
+                )
+        excluded = set(self.config.exclude_from_loading)
+        state = self._state(model, optimizer, lr_scheduler, {"step": 0, "sample_position": 0})
+        state = {k: v for k, v in state.items() if k not in excluded}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except Exception as e:  # DCP wraps rank failures in its own exception types
+            raise CheckpointError(f"cannot load checkpoint {path}: {str(e).splitlines()[0][:300]}") from e
+        if "model" in state:
+            set_model_state_dict(model, state["model"])
+        if "optimizer" in state:
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        if "lr_scheduler" in state:
+            lr_scheduler.last_epoch = int(state["lr_scheduler"]["last_epoch"])
+            lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+        train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
+        logger.info(f"resumed from checkpoint {path}")
+        return train_state
+
+
+def load_full_model_state_dict(model, full_state_dict: dict[str, torch.Tensor],
+                               broadcast_from_rank0: bool = False) -> None:
+    """Loads an unsharded state dict into a (possibly sharded) model; each rank keeps its own shard.
+
+    With `broadcast_from_rank0` only rank 0 needs to hold the tensors; the others pass an empty dict.
+    """
+    options = StateDictOptions(full_state_dict=True, strict=True, broadcast_from_rank0=broadcast_from_rank0)
+    set_model_state_dict(model, full_state_dict, options=options)
+
+
+def full_model_state_dict(model) -> dict[str, torch.Tensor]:
+    """The unsharded state dict on every rank (gathered from shards where needed), on the CPU."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -1,0 +1,317 @@
+"""One typed dataclass per config section. Key names follow TorchTitan's classic TOML names.
+
+Every field carries a one-line docstring (shown by `--help`); `__post_init__` validates what can be
+checked without knowing the world size or the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _positive(section: str, **values: int | float) -> None:
+    for key, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{section}.{key} must be > 0, got {value}")
+
+
+def _non_negative(section: str, **values: int | float) -> None:
+    for key, value in values.items():
+        if value < 0:
+            raise ValueError(f"{section}.{key} must be >= 0, got {value}")
+
+
+@dataclass
+class Job:
+    name: str = "debug"
+    """Job name; the default dump folder is ./outputs/<name>."""
+    dump_folder: str = ""
+    """Folder for metrics, tensorboard and checkpoints (empty = ./outputs/<job.name>)."""
+    description: str = ""
+    """Free text saved with the run."""
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"job.name must be a non-empty name without '/', got {self.name!r}")
+
+
+@dataclass
+class Model:
+    name: str = "llama3"
+    """Registered model name (llama3, or one registered by model.spec)."""
+    flavor: str = "debug"
+    """Model size within the family (llama3: debug, 8B, 70B, 405B)."""
+    spec: str = ""
+    """Import path of a module that registers the model, e.g. lcsm.hyena (empty for llama3)."""
+    tokenizer: Literal["auto", "bpe", "llama3"] = "auto"
+    """Tokenizer: llama3 (official 128K), bpe (small BPE trained on the corpus), auto = bpe for debug."""
+    bpe_vocab_size: int = 4096
+    """Vocabulary size of the corpus-trained BPE tokenizer."""
+    n_layers: int = 0
+    """Override the flavor's number of layers (0 = keep), e.g. to shorten a big model for a test."""
+
+    def __post_init__(self) -> None:
+        _positive("model", bpe_vocab_size=self.bpe_vocab_size)
+        _non_negative("model", n_layers=self.n_layers)
+        if self.bpe_vocab_size < 300:
+            raise ValueError(f"model.bpe_vocab_size must be >= 300 (bytes + specials), got {self.bpe_vocab_size}")
+
+
+@dataclass
+class Training:
+    steps: int = 300
+    """Number of optimizer steps."""
+    local_batch_size: int = 8
+    """Sequences per data-parallel rank per micro step."""
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks (-1 = local x dp degree; larger = gradient accumulation)."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    max_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    dataset: str = "wiki_offline"
+    """wiki_offline (bundled Wikipedia leads), a hub dataset name (online only), or a name for dataset_path."""
+    dataset_path: str = ""
+    """Local file or folder of .json/.jsonl/.parquet/.txt documents (overrides the bundled corpus)."""
+    text_field: str = "text"
+    """Field holding the document text in json/jsonl/parquet records."""
+    validation_fraction: float = 0.01
+    """Fraction of documents held out for validation."""
+    mixed_precision_param: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """Compute dtype for parameters in forward/backward (master weights stay fp32)."""
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduction across data-parallel ranks."""
+
+    def __post_init__(self) -> None:
+        _positive("training", steps=self.steps, local_batch_size=self.local_batch_size, seq_len=self.seq_len)
+        _non_negative("training", max_norm=self.max_norm)
+        if self.global_batch_size == 0 or self.global_batch_size < -1:
+            raise ValueError(f"training.global_batch_size must be > 0 or -1, got {self.global_batch_size}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"training.validation_fraction must be in [0, 1), got {self.validation_fraction}")
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW", "Adam", "SGD"] = "AdamW"
+    """Optimizer class."""
+    lr: float = 8e-4
+    """Peak learning rate."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    implementation: Literal["foreach", "fused", "for-loop"] = "foreach"
+    """Kernel style of the optimizer step."""
+
+    def __post_init__(self) -> None:
+        _positive("optimizer", lr=self.lr, eps=self.eps)
+        _non_negative("optimizer", weight_decay=self.weight_decay)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 20
+    """Linear warmup steps from near zero to optimizer.lr."""
+    decay_ratio: float = -1.0
+    """Fraction of steps spent decaying at the end (-1 = decay over all steps after warmup)."""
+    decay_type: Literal["linear", "cosine", "sqrt"] = "cosine"
+    """Shape of the decay."""
+    min_lr_factor: float = 0.1
+    """Final learning rate as a fraction of optimizer.lr."""
+
+    def __post_init__(self) -> None:
+        _non_negative("lr_scheduler", warmup_steps=self.warmup_steps)
+        if not (self.decay_ratio == -1.0 or 0.0 <= self.decay_ratio <= 1.0):
+            raise ValueError(f"lr_scheduler.decay_ratio must be in [0, 1] or -1, got {self.decay_ratio}")
+        if not 0.0 <= self.min_lr_factor <= 1.0:
+            raise ValueError(f"lr_scheduler.min_lr_factor must be in [0, 1], got {self.min_lr_factor}")
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """HSDP/DDP replica groups."""
+    data_parallel_shard_degree: int = -1
+    """FSDP shard degree (-1 = the rest of the world size)."""
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free gathered parameters after forward (default: yes, except with pipeline parallel)."""
+    tensor_parallel_degree: int = 1
+    """Tensor (and sequence) parallel degree."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages over ranks."""
+    pipeline_parallel_schedule: Literal[
+        "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+    ] = "1F1B"
+    """Pipeline schedule."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline microbatch."""
+    context_parallel_degree: int = 1
+    """Context (sequence) parallel degree for attention."""
+    enable_loss_parallel: bool = True
+    """With TP: compute the loss on vocabulary-sharded logits."""
+
+    def __post_init__(self) -> None:
+        _positive(
+            "parallelism",
+            data_parallel_replicate_degree=self.data_parallel_replicate_degree,
+            tensor_parallel_degree=self.tensor_parallel_degree,
+            pipeline_parallel_degree=self.pipeline_parallel_degree,
+            context_parallel_degree=self.context_parallel_degree,
+            pipeline_parallel_microbatch_size=self.pipeline_parallel_microbatch_size,
+        )
+        if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
+            raise ValueError(
+                f"parallelism.data_parallel_shard_degree must be > 0 or -1 (the rest), "
+                f"got {self.data_parallel_shard_degree}"
+            )
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints and resume from the latest complete one."""
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to job.dump_folder."""
+    interval: int = 500
+    """Save every N steps (and at the last step)."""
+    keep_latest_k: int = 0
+    """Keep only the newest K checkpoints (0 = keep all)."""
+    async_mode: Literal["disabled", "async"] = "disabled"
+    """Save in the background while training continues."""
+    load_step: int = -1
+    """Resume from this step instead of the latest (-1 = latest)."""
+    exclude_from_loading: list[str] = field(default_factory=list)
+    """State keys not to load on resume, e.g. ["optimizer", "lr_scheduler", "dataloader"]."""
+
+    def __post_init__(self) -> None:
+        _positive("checkpoint", interval=self.interval)
+        _non_negative("checkpoint", keep_latest_k=self.keep_latest_k)
+        if self.load_step < -1:
+            raise ValueError(f"checkpoint.load_step must be >= 0 or -1 (latest), got {self.load_step}")
+        allowed = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}
+        unknown = set(self.exclude_from_loading) - allowed
+        if unknown:
+            raise ValueError(f"checkpoint.exclude_from_loading: unknown {sorted(unknown)}; allowed {sorted(allowed)}")
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Log every N steps (and the first and last)."""
+    enable_tensorboard: bool = True
+    """Write tensorboard event files under <dump_folder>/tb."""
+    enable_jsonl: bool = True
+    """Write <dump_folder>/metrics.jsonl."""
+    cpu_peak_tflops: float = 0.0
+    """Peak TFLOP/s used for MFU on a CPU (0 = measure a bf16 matmul once and cache it)."""
+
+    def __post_init__(self) -> None:
+        _positive("metrics", log_freq=self.log_freq)
+        _non_negative("metrics", cpu_peak_tflops=self.cpu_peak_tflops)
+
+
+@dataclass
+class Validation:
+    enable: bool = False
+    """Evaluate the loss on held-out data periodically."""
+    freq: int = 100
+    """Validate every N steps (and at the end)."""
+    steps: int = 10
+    """Batches per validation (-1 = the whole validation split)."""
+
+    def __post_init__(self) -> None:
+        _positive("validation", freq=self.freq)
+        if self.steps == 0 or self.steps < -1:
+            raise ValueError(f"validation.steps must be > 0 or -1, got {self.steps}")
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: none, full (whole blocks), selective (see selective_ac_option)."""
+    selective_ac_option: str = "2"
+    """selective: 'op' (save matmul outputs, recompute the rest) or an integer N (every N-th block)."""
+
+    def __post_init__(self) -> None:
+        opt = self.selective_ac_option
+        if opt != "op" and not (opt.isdigit() and int(opt) > 0):
+            raise ValueError(f"activation_checkpoint.selective_ac_option must be 'op' or a positive integer, got {opt!r}")
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile each block (and the loss)."""
+    backend: str = "inductor"
+    """torch.compile backend."""
+
+
+@dataclass
+class Float8:
+    enable: bool = False
+    """Train linear layers in float8."""
+    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """Scaling granularity."""
+
+
+@dataclass
+class Comm:
+    mode: Literal["default", "fake"] = "default"
+    """default: real process groups; fake: a fake backend for dry runs at any world size."""
+    world_size: int = 0
+    """World size for comm.mode = fake (0 = from the environment)."""
+    init_timeout_seconds: int = 300
+    """Timeout of process-group creation and the first step's collectives."""
+    train_timeout_seconds: int = 100
+    """Collective timeout after the first step."""
+
+    def __post_init__(self) -> None:
+        _non_negative("comm", world_size=self.world_size)
+        _positive("comm", init_timeout_seconds=self.init_timeout_seconds,
+                  train_timeout_seconds=self.train_timeout_seconds)
+
+
+@dataclass
+class Debug:
+    seed: int = 0
+    """Random seed for weights, data order and dropout."""
+    deterministic: bool = False
+    """Use deterministic algorithms (slower) so reruns match bit for bit."""
+    threads: int = 0
+    """torch intra-op threads per process (0 = cores / local processes)."""
+    full_init: bool = True
+    """Initialize the whole model on rank 0's CPU and broadcast it, so every layout starts from the weights one
+    process would use (skipped above 2B parameters: use a seed checkpoint there)."""
+
+    def __post_init__(self) -> None:
+        _non_negative("debug", seed=self.seed, threads=self.threads)
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
+    comm: Comm = field(default_factory=Comm)
+    debug: Debug = field(default_factory=Debug)
+
+    @property
+    def dump_folder(self) -> str:
+        return self.job.dump_folder or f"./outputs/{self.job.name}"

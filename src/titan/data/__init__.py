@@ -1,0 +1,48 @@
+"""Tokenizers and text loaders shared by every language model trained with titan."""
+
+from __future__ import annotations
+
+from titan.data.text import PackedTextLoader, corpus_id, load_documents, split_documents, tokenized_corpus
+from titan.data.tokenizer import BPETokenizer, Llama3Tokenizer, Tokenizer, corpus_bpe_tokenizer
+
+
+def tokenizer_kind(job_config) -> str:
+    kind = job_config.model.tokenizer
+    if kind == "auto":
+        return "bpe" if job_config.model.flavor == "debug" else "llama3"
+    return kind
+
+
+def build_tokenizer(job_config) -> Tokenizer:
+    """The configured tokenizer; the BPE is trained on the training split of the corpus and cached."""
+    if tokenizer_kind(job_config) == "llama3":
+        return Llama3Tokenizer()
+    training = job_config.training
+    return corpus_bpe_tokenizer(
+        lambda: split_documents(load_documents(training), training.validation_fraction, "train"),
+        corpus_id(training),
+        job_config.model.bpe_vocab_size,
+    )
+
+
+def build_text_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer: Tokenizer, split: str = "train"):
+    """A stateful loader of (inputs, labels) token blocks for this data-parallel rank."""
+    training = job_config.training
+    tok_id = f"{tokenizer_kind(job_config)}:{tokenizer.vocab_size}:{job_config.model.bpe_vocab_size}"
+    if tokenizer_kind(job_config) == "bpe":
+        tok_id += f":{corpus_id(training)}"
+    tokens = tokenized_corpus(training, tokenizer, tok_id, split)
+    return PackedTextLoader(
+        tokens,
+        seq_len=training.seq_len,
+        local_batch_size=training.local_batch_size,
+        dp_rank=dp_rank,
+        dp_degree=dp_degree,
+        seed=job_config.debug.seed,
+        shuffle=split == "train",
+        infinite=split == "train",
+    )
+
+
+__all__ = ["BPETokenizer", "Llama3Tokenizer", "PackedTextLoader", "Tokenizer", "build_text_dataloader",
+           "build_tokenizer"]

@@ -1,0 +1,57 @@
+"""FSDP2 / HSDP over a model whose blocks live in `model.layers`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from titan.metrics.logging import logger
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: bool = True,
+) -> None:
+    """Shards each block of `model.layers` as its own FSDP unit, then the root (embeddings, head)."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = list(model.layers.values()) if isinstance(model.layers, nn.ModuleDict) else list(model.layers)
+    for i, block in enumerate(blocks):
+        # The last block's parameters are needed again at once by backward: keep them gathered.
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    kind = "HSDP" if dp_mesh.ndim == 2 else "FSDP"
+    logger.info(f"applied {kind} on mesh {dict(zip(dp_mesh.mesh_dim_names, dp_mesh.shape))} "
+                f"(param {param_dtype}, reduce {reduce_dtype})")
+
+
+def apply_data_parallel(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    """Applies FSDP over dp_shard (x cp), or HSDP over dp_replicate x dp_shard; a no-op on one rank."""
+    if not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled):
+        return model
+    if parallel_dims.dp_replicate_enabled and parallel_dims.fsdp_enabled:
+        shard = "dp_shard_cp" if parallel_dims.dp_shard > 1 and parallel_dims.cp_enabled else (
+            "dp_shard" if parallel_dims.dp_shard > 1 else "cp")
+        mesh = parallel_dims.world_mesh[("dp_replicate", shard)]
+    elif parallel_dims.fsdp_enabled:
+        mesh = parallel_dims.submesh("dp_shard_cp")
+    else:
+        # Replicas only: sharding over them gives the same numerics as DDP with less memory.
+        mesh = parallel_dims.submesh("dp_replicate")
+    training = job_config.training
+    reshard = job_config.parallelism.fsdp_reshard_after_forward
+    apply_fsdp(
+        model,
+        mesh,
+        param_dtype=TORCH_DTYPES[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce],
+        reshard_after_forward=reshard == "always" or (reshard == "default" and not parallel_dims.pp_enabled),
+    )
+    return model

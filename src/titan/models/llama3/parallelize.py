@@ -1,0 +1,63 @@
+"""Llama 3 parallelization in TorchTitan's fixed order: TP/SP -> activation checkpointing -> compile -> FSDP."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from titan.distributed import apply_ac, apply_compile, apply_data_parallel
+from titan.metrics.logging import logger
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Megatron-style TP with sequence-parallel norms; the output layer is sharded on the vocabulary."""
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1),
+                                      output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                      use_local_output=not loss_parallel),
+        },
+    )
+    for block in model.layers.values():
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), Replicate()),
+                                            desired_input_layouts=(Replicate(), Replicate())),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        }
+        parallelize_module(block, tp_mesh, plan)
+    logger.info(f"applied tensor + sequence parallel (degree {tp_mesh.size()}, loss parallel {loss_parallel})")
+
+
+def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    if parallel_dims.tp_enabled:
+        args = model.args
+        tp = parallel_dims.tp
+        kv = args.n_kv_heads or args.n_heads
+        if args.n_heads % tp or kv % tp:
+            raise ValueError(f"tensor_parallel_degree {tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
+        apply_tp(model, parallel_dims.world_mesh["tp"], job_config.parallelism.enable_loss_parallel)
+    apply_ac(model, job_config.activation_checkpoint)
+    apply_compile(model, job_config.compile)
+    apply_data_parallel(model, parallel_dims, job_config)
+    return model

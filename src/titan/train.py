@@ -1,0 +1,37 @@
+"""`python -m titan.train [--config PATH.toml] [--section.key value ...]`"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from titan.checkpoint import CheckpointError
+from titan.config import ConfigError, help_text, parse_args
+from titan.distributed.runtime import shutdown
+from titan.trainer import NonFiniteLossError, Trainer
+
+USER_ERRORS = (ConfigError, CheckpointError, ValueError, FileNotFoundError, NonFiniteLossError)
+
+
+def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    try:
+        job_config = parse_args(argv)
+        Trainer(job_config).train()
+    except USER_ERRORS as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    try:
+        shutdown()
+    finally:
+        # Gloo worker threads can abort a clean interpreter exit; leave without running finalizers.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,323 @@
+"""A model-agnostic Trainer: the model and its data come from a ModelSpec; the engine does the rest."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
+from titan.config import JobConfig, to_toml
+from titan.distributed import TORCH_DTYPES, ParallelDims
+from titan.distributed.utils import clip_grad_norm_
+from titan.distributed.runtime import init_distributed, set_default_threads, world_size_from_env
+from titan.metrics.logger import MetricsLogger
+from titan.metrics.logging import init_logger, logger
+from titan.metrics.throughput import device_peak_tflops, peak_memory_gib
+from titan.optim import build_lr_scheduler, build_optimizer
+from titan.spec import ModelSpec, get_model_spec
+
+
+# Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
+FULL_INIT_MAX_PARAMS = 2_000_000_000
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss or gradient norm."""
+
+
+def check_dump_folder_writable(folder: str) -> None:
+    """Fails before anything is written when the dump folder cannot be created or written."""
+    path = Path(folder).absolute()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise ValueError(f"job.dump_folder {folder} is not writable ({probe} is not a writable folder); "
+                         "pass --job.dump_folder with a writable path")
+
+
+def _resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
+    if model_args is None:
+        flavor = job_config.model.flavor
+        if flavor not in spec.flavors:
+            raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
+                             f"known: {', '.join(spec.flavors)}")
+        model_args = copy.deepcopy(spec.flavors[flavor])
+        if job_config.model.n_layers and hasattr(model_args, "n_layers"):
+            model_args = dataclasses.replace(model_args, n_layers=job_config.model.n_layers)
+    if spec.update_model_args is not None:
+        model_args = spec.update_model_args(model_args, job_config, tokenizer)
+    return model_args
+
+
+class Trainer:
+    """Builds on meta -> parallelize -> to_empty + init -> AdamW -> train loop with accumulation and clipping."""
+
+    def __init__(self, job_config: JobConfig, model_spec: ModelSpec | None = None, model_args: Any = None,
+                 initial_state_dict: dict[str, torch.Tensor] | None = None):
+        init_logger()
+        self.config = job_config
+        self.dump_folder = job_config.dump_folder
+        check_dump_folder_writable(self.dump_folder)
+        world_size = world_size_from_env()
+        # Layout errors come before process-group creation so a bad config fails fast and alike on every rank.
+        self.parallel_dims = ParallelDims.from_config(job_config.parallelism, world_size)
+        self._check_supported()
+        self.device = init_distributed(job_config.comm.init_timeout_seconds)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.threads = set_default_threads(job_config.debug.threads)
+        self.parallel_dims.build_mesh(self.device.type)
+        self._seed(job_config.debug)
+
+        self.spec = model_spec or get_model_spec(job_config.model.name, job_config.model.spec)
+        self.tokenizer = self.spec.build_tokenizer(job_config) if self.spec.build_tokenizer else None
+        self.model_args = _resolve_model_args(self.spec, job_config, model_args, self.tokenizer)
+
+        training = job_config.training
+        dp = self.parallel_dims.dp_degree
+        global_batch = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
+        if global_batch % (training.local_batch_size * dp):
+            raise ValueError(
+                f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
+                f"{training.local_batch_size} x data-parallel degree {dp}; adjust one of them"
+            )
+        self.global_batch_size = global_batch
+        self.grad_accum_steps = global_batch // (training.local_batch_size * dp)
+
+        with torch.device("meta"):
+            model = self.spec.build_model(self.model_args)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        self.flops_per_token = (
+            self.spec.flops_per_token(model, self.model_args, training.seq_len)
+            if self.spec.flops_per_token else 6.0 * self.num_params
+        )
+        logger.info(f"model {self.spec.name}/{job_config.model.flavor}: {self.num_params:,} parameters, "
+                    f"{self.flops_per_token / 1e6:.1f} MFLOP/token")
+        full_init = (initial_state_dict is None and job_config.debug.full_init and world_size > 1
+                     and self.num_params <= FULL_INIT_MAX_PARAMS)
+        if full_init:
+            initial_state_dict = self._rank0_initial_state_dict()
+        model = self.spec.parallelize(model, self.parallel_dims, job_config)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            if initial_state_dict is not None:
+                load_full_model_state_dict(model, initial_state_dict, broadcast_from_rank0=full_init)
+                # Non-persistent buffers (e.g. RoPE tables) are not in state dicts.
+                if hasattr(model, "init_buffers"):
+                    model.init_buffers(self.device)
+            else:
+                torch.manual_seed(job_config.debug.seed)
+                model.init_weights(buffer_device=self.device)
+        model.train()
+        self.model = model
+        self.sharded = self.parallel_dims.fsdp_enabled or self.parallel_dims.dp_replicate_enabled
+        self.autocast_dtype = TORCH_DTYPES[training.mixed_precision_param]
+
+        self.optimizer = build_optimizer(model, job_config.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, job_config.lr_scheduler, training.steps)
+        self.dp_rank = self.parallel_dims.dp_rank()
+        self.dataloader = self.spec.build_dataloader(job_config, self.dp_rank, dp, self.tokenizer, "train")
+
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.checkpointer = CheckpointManager(
+            Path(self.dump_folder) / job_config.checkpoint.folder,
+            job_config.checkpoint,
+            {"model": self.spec.name, "flavor": job_config.model.flavor},
+        )
+        resume_step = self.checkpointer.step_to_load()
+        if resume_step is not None:
+            state = self.checkpointer.load(resume_step, model, self.optimizer, self.lr_scheduler)
+            self.step = state.get("step", 0)
+            if "dataloader" not in job_config.checkpoint.exclude_from_loading and "sample_position" in state:
+                self.dataloader.load_state_dict({**self.dataloader.state_dict(),
+                                                 "sample_position": state["sample_position"]})
+
+        self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
+        self.metrics = MetricsLogger(self.dump_folder, job_config.metrics.enable_jsonl,
+                                     job_config.metrics.enable_tensorboard, self.rank)
+        if self.rank == 0:
+            Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
+
+    def _rank0_initial_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights a single process would initialize, built on rank 0's CPU (empty on other ranks)."""
+        if self.rank != 0:
+            return {}
+        with torch.device("cpu"):
+            full = self.spec.build_model(self.model_args)
+        torch.manual_seed(self.config.debug.seed)
+        with torch.no_grad():
+            full.init_weights(buffer_device=torch.device("cpu"))
+        return full.state_dict()
+
+    def _check_supported(self) -> None:
+        pd, cfg = self.parallel_dims, self.config
+        unsupported = []
+        if pd.pp_enabled:
+            unsupported.append("parallelism.pipeline_parallel_degree > 1")
+        if pd.cp_enabled:
+            unsupported.append("parallelism.context_parallel_degree > 1")
+        if cfg.float8.enable:
+            unsupported.append("float8.enable")
+        if cfg.comm.mode == "fake":
+            unsupported.append("comm.mode = 'fake'")
+        if unsupported:
+            raise ValueError(f"{unsupported[0]} is not available in this version of titan yet; "
+                             "remove that setting")
+
+    @staticmethod
+    def _seed(debug) -> None:
+        torch.manual_seed(debug.seed)
+        if debug.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.benchmark = False
+
+    def _autocast(self):
+        # With FSDP the mixed-precision policy casts parameters; a single process uses autocast instead.
+        if self.sharded or self.autocast_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _all_reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
+        if dist.is_initialized():
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+            values /= dist.get_world_size()
+        return values
+
+    def train_step(self, data_iter) -> dict[str, float]:
+        """One optimizer step over `grad_accum_steps` micro-batches; returns loss, grad_norm, extra metrics."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        extra_sums: dict[str, torch.Tensor] = {}
+        tokens = 0
+        for micro in range(self.grad_accum_steps):
+            inputs, labels = next(data_iter)
+            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            tokens += labels.numel()
+            if hasattr(self.model, "set_requires_gradient_sync"):
+                self.model.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
+            with self._autocast():
+                pred = self.model(inputs)
+                loss = self.spec.loss_fn(pred, labels)
+            (loss / self.grad_accum_steps).backward()
+            loss_sum += loss.detach()
+            if self.spec.metrics_fn is not None:
+                with torch.no_grad():
+                    for k, v in self.spec.metrics_fn(pred.detach(), labels).items():
+                        extra_sums[k] = extra_sums.get(k, 0) + v.detach().float()
+        max_norm = self.config.training.max_norm
+        grad_norm = clip_grad_norm_([p for p in self.model.parameters() if p.grad is not None], max_norm)
+        names = list(extra_sums)
+        reduced = self._all_reduce_mean(
+            torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps
+        ).tolist()
+        loss_value, grad_norm_value = reduced[0], float(grad_norm)
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+            raise NonFiniteLossError(
+                f"non-finite loss {loss_value} / grad norm {grad_norm_value} at step {self.step + 1}; "
+                "no checkpoint was written for it. Lower optimizer.lr, raise lr_scheduler.warmup_steps "
+                "or set training.max_norm"
+            )
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        return {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens,
+                **{k: v for k, v in zip(names, reduced[1:])}}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss (and spec metrics) over `validation.steps` batches of the validation split."""
+        loader = self.spec.build_dataloader(self.config, self.dp_rank, self.parallel_dims.dp_degree,
+                                            self.tokenizer, "validation")
+        limit = self.config.validation.steps
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        batches = 0
+        for inputs, labels in loader:
+            if 0 <= limit <= batches:
+                break
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            with self._autocast():
+                pred = self.model(inputs)
+                values = {"loss": self.spec.loss_fn(pred, labels).float()}
+            if self.spec.metrics_fn is not None:
+                values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
+            for k, v in values.items():
+                sums[k] = sums.get(k, 0) + v
+            batches += 1
+        self.model.train()
+        if batches == 0:
+            raise ValueError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
+        names = list(sums)
+        reduced = self._all_reduce_mean(torch.stack([sums[k] for k in names]) / batches).tolist()
+        return dict(zip(names, reduced))
+
+    def save_checkpoint(self) -> None:
+        train_state = {"step": self.step, **self.dataloader.state_dict()}
+        train_state = {k: v for k, v in train_state.items() if isinstance(v, int)}
+        self.checkpointer.save(self.step, self.model, self.optimizer, self.lr_scheduler, train_state)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return full_model_state_dict(self.model)
+
+    def train(self) -> list[dict[str, Any]]:
+        """Runs until `training.steps`; returns the logged records of this call."""
+        cfg = self.config
+        total = cfg.training.steps
+        if self.step >= total:
+            logger.info(f"nothing to do: already at step {self.step} of {total}")
+            return self.history
+        logger.info(
+            f"training {self.spec.name} for steps {self.step + 1}..{total} on {self.parallel_dims.world_size} "
+            f"rank(s) ({self.device.type}, {self.threads} threads), global batch {self.global_batch_size} "
+            f"x seq {cfg.training.seq_len}, accumulation {self.grad_accum_steps}, dump folder {self.dump_folder}"
+        )
+        data_iter = iter(self.dataloader)
+        start = time.perf_counter()
+        window_start, window_tokens, window_steps = start, 0, 0
+        try:
+            while self.step < total:
+                out = self.train_step(data_iter)
+                self.step += 1
+                window_tokens += out["tokens"]
+                window_steps += 1
+                validate = cfg.validation.enable and (self.step % cfg.validation.freq == 0 or self.step == total)
+                log_now = self.step == 1 or self.step % cfg.metrics.log_freq == 0 or self.step == total or validate
+                if log_now:
+                    now = time.perf_counter()
+                    seconds = max(now - window_start, 1e-9)
+                    tps = window_tokens / seconds
+                    tflops = self.flops_per_token * tps / 1e12
+                    record = {
+                        "step": self.step,
+                        "loss": out["loss"],
+                        "grad_norm": out["grad_norm"],
+                        "lr": self.lr_scheduler.get_last_lr()[0],
+                        "tps": tps,
+                        "tflops": tflops,
+                        "mfu": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,
+                        "memory_gib": peak_memory_gib(self.device),
+                        "elapsed_s": now - start,
+                        **{k: v for k, v in out.items() if k not in ("loss", "grad_norm", "tokens")},
+                    }
+                    if validate:
+                        record.update({f"val_{k}": v for k, v in self.evaluate().items()})
+                    eta = (total - self.step) * seconds / window_steps
+                    self.metrics.log(record, eta)
+                    self.history.append(record)
+                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+                if self.checkpointer.should_save(self.step, total):
+                    self.save_checkpoint()
+                    window_start = time.perf_counter()
+        finally:
+            self.metrics.close()
+        return self.history
