@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
 from titan.config import JobConfig, to_toml
@@ -45,6 +47,9 @@ def check_dump_folder_writable(folder: str) -> None:
                          "pass --job.dump_folder with a writable path")
 
 
+MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
+
+
 def _resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
     if model_args is None:
         flavor = job_config.model.flavor
@@ -52,11 +57,23 @@ def _resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any,
             raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
                              f"known: {', '.join(spec.flavors)}")
         model_args = copy.deepcopy(spec.flavors[flavor])
-        if job_config.model.n_layers and hasattr(model_args, "n_layers"):
-            model_args = dataclasses.replace(model_args, n_layers=job_config.model.n_layers)
+        overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
+        unsupported = [k for k in overrides if not hasattr(model_args, k)]
+        if unsupported:
+            raise ValueError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
+        if overrides:
+            try:
+                model_args = dataclasses.replace(model_args, **overrides)
+            except ValueError as e:
+                raise ValueError(f"model overrides {overrides}: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args
+
+
+def _replicated_value(t: torch.Tensor) -> torch.Tensor:
+    """A scalar that loss parallel returns as a replicated DTensor, as a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 class Trainer:
@@ -132,7 +149,7 @@ class Trainer:
         self.checkpointer = CheckpointManager(
             Path(self.dump_folder) / job_config.checkpoint.folder,
             job_config.checkpoint,
-            {"model": self.spec.name, "flavor": job_config.model.flavor},
+            {"model": self.spec.name, "flavor": job_config.model.flavor, "model_args": repr(self.model_args)},
         )
         resume_step = self.checkpointer.step_to_load()
         if resume_step is not None:
@@ -188,6 +205,12 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _loss_context(self):
+        """Loss parallel: cross-entropy on vocabulary-sharded logits, never gathering them."""
+        if self.parallel_dims.tp_enabled and self.config.parallelism.enable_loss_parallel:
+            return loss_parallel()
+        return nullcontext()
+
     def _all_reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
@@ -206,15 +229,16 @@ class Trainer:
             tokens += labels.numel()
             if hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
-            with self._autocast():
-                pred = self.model(inputs)
-                loss = self.spec.loss_fn(pred, labels)
-            (loss / self.grad_accum_steps).backward()
-            loss_sum += loss.detach()
+            with self._loss_context():
+                with self._autocast():
+                    pred = self.model(inputs)
+                    loss = self.spec.loss_fn(pred, labels)
+                (loss / self.grad_accum_steps).backward()
+            loss_sum += _replicated_value(loss.detach())
             if self.spec.metrics_fn is not None:
                 with torch.no_grad():
                     for k, v in self.spec.metrics_fn(pred.detach(), labels).items():
-                        extra_sums[k] = extra_sums.get(k, 0) + v.detach().float()
+                        extra_sums[k] = extra_sums.get(k, 0) + _replicated_value(v.detach()).float()
         max_norm = self.config.training.max_norm
         grad_norm = clip_grad_norm_([p for p in self.model.parameters() if p.grad is not None], max_norm)
         names = list(extra_sums)
@@ -246,13 +270,13 @@ class Trainer:
             if 0 <= limit <= batches:
                 break
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self._autocast():
+            with self._loss_context(), self._autocast():
                 pred = self.model(inputs)
                 values = {"loss": self.spec.loss_fn(pred, labels).float()}
             if self.spec.metrics_fn is not None:
                 values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
             for k, v in values.items():
-                sums[k] = sums.get(k, 0) + v
+                sums[k] = sums.get(k, 0) + _replicated_value(v)
             batches += 1
         self.model.train()
         if batches == 0:

@@ -120,11 +120,12 @@ class CheckpointManager:
         """Restores the states in place and returns the train state (step, data position, ...)."""
         path = self.folder / f"step-{step}"
         manifest = json.loads((path / MANIFEST).read_text())
-        for key in ("model", "flavor"):
+        for key in ("model", "flavor", "model_args"):
             if manifest.get(key) != self.identity.get(key):
+                what = "different model dimensions" if key == "model_args" else "another model"
                 raise CheckpointError(
-                    f"checkpoint {path} holds model {manifest.get('model')}/{manifest.get('flavor')}, this run "
-                    f"trains {self.identity.get('model')}/{self.identity.get('flavor')}; use another "
+                    f"checkpoint {path} holds {what} ({manifest.get('model')}/{manifest.get('flavor')}) than this "
+                    f"run ({self.identity.get('model')}/{self.identity.get('flavor')}); use another "
                     "checkpoint.folder or job.dump_folder"
                 )
         excluded = set(self.config.exclude_from_loading)

@@ -50,10 +50,17 @@ class Model:
     """Vocabulary size of the corpus-trained BPE tokenizer."""
     n_layers: int = 0
     """Override the flavor's number of layers (0 = keep), e.g. to shorten a big model for a test."""
+    dim: int = 0
+    """Override the flavor's model width (0 = keep)."""
+    n_heads: int = 0
+    """Override the flavor's attention heads (0 = keep)."""
+    n_kv_heads: int = 0
+    """Override the flavor's key/value heads for grouped-query attention (0 = keep)."""
 
     def __post_init__(self) -> None:
         _positive("model", bpe_vocab_size=self.bpe_vocab_size)
-        _non_negative("model", n_layers=self.n_layers)
+        _non_negative("model", n_layers=self.n_layers, dim=self.dim, n_heads=self.n_heads,
+                      n_kv_heads=self.n_kv_heads)
         if self.bpe_vocab_size < 300:
             raise ValueError(f"model.bpe_vocab_size must be >= 300 (bytes + specials), got {self.bpe_vocab_size}")
 

@@ -33,8 +33,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     for block in model.layers.values():
         plan = {
             "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), Replicate()),
-                                            desired_input_layouts=(Replicate(), Replicate())),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None),
+                                            desired_input_layouts=(Replicate(), None)),
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),

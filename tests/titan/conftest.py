@@ -1,0 +1,48 @@
+"""Helpers to run the real entry point, in one process or under torchrun, and read what it wrote."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# A small but real run: the debug Llama shortened to 2 layers, short sequences, fp32 for exact comparisons.
+TINY = [
+    "--model.n_layers", "2",
+    "--training.seq_len", "32",
+    "--training.local_batch_size", "2",
+    "--training.mixed_precision_param", "float32",
+    "--metrics.log_freq", "1",
+    "--metrics.enable_tensorboard", "false",
+    "--metrics.cpu_peak_tflops", "1.0",
+    "--lr_scheduler.warmup_steps", "2",
+]
+
+
+def run_train(args, nproc=1, check=True, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "titan.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "titan.train", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def read_metrics(folder) -> list[dict]:
+    path = Path(folder) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def losses(folder) -> list[float]:
+    return [r["loss"] for r in read_metrics(folder)]
+
+
+@pytest.fixture
+def tiny_args():
+    return list(TINY)

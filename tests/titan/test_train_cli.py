@@ -1,0 +1,92 @@
+"""Bad input to `python -m titan.train`: one `error:` line on stderr, exit 2, nothing written."""
+
+import shutil
+
+import pytest
+
+from tests.titan.conftest import read_metrics, run_train
+from titan.train import main
+
+
+def assert_clean_error(proc, fragment):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert fragment in lines[0]
+
+
+def test_exit_code_and_stderr_of_the_real_process(tmp_path):
+    proc = run_train(["--training.steps", "ten", "--job.dump_folder", str(tmp_path / "o")], check=False)
+    assert_clean_error(proc, "training.steps must be an integer")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--training.steps", "ten"], "training.steps must be an integer"),
+        (["--training.nosuch", "1"], "unknown key training.nosuch"),
+        (["--training.seq_len", "-5"], "training.seq_len must be > 0"),
+        (["--parallelism.tensor_parallel_degree", "2"], "world size 1 is not divisible"),
+        (["--model.n_heads", "8", "--model.n_kv_heads", "3"], "not divisible by n_kv_heads"),
+        (["--model.name", "gpt5"], "unknown model 'gpt5'"),
+        (["--model.name", "hyena", "--model.spec", "nosuch.module"], "cannot import 'nosuch.module'"),
+        (["--model.flavor", "7B"], "unknown flavor '7B'"),
+        (["--training.dataset_path", "/nonexistent/data"], "does not exist"),
+        (["--training.dataset", "some/hub-dataset-offline"], "not a local corpus"),
+        (["--float8.enable"], "float8.enable is not available"),
+        (["--training.global_batch_size", "3"], "not a multiple of local_batch_size"),
+    ],
+)
+def test_user_mistakes(tmp_path, capsys, args, fragment):
+    # In-process for speed; the real process's exit path is covered above.
+    dump = tmp_path / "out"
+    assert main([*args, "--job.dump_folder", str(dump)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert not dump.exists()
+
+
+def test_malformed_toml(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training]\nsteps = = 3\n")
+    assert_clean_error(run_train(["--config", str(bad)], check=False), "is not valid TOML")
+
+
+def test_empty_data_file(tmp_path):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    proc = run_train(["--training.dataset_path", str(data), "--job.dump_folder", str(tmp_path / "o")], check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_dump_folder(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_train(["--job.dump_folder", str(blocker / "sub")], check=False)
+    assert_clean_error(proc, "is not writable")
+
+
+def test_resuming_a_checkpoint_of_another_model(tmp_path, tiny_args):
+    run_train([*tiny_args, "--training.steps", "1", "--checkpoint.enable", "--job.dump_folder", str(tmp_path)])
+    before = (tmp_path / "metrics.jsonl").read_text()
+    proc = run_train([*tiny_args, "--model.n_layers", "3", "--training.steps", "2", "--checkpoint.enable",
+                      "--job.dump_folder", str(tmp_path)], check=False)
+    assert_clean_error(proc, "different model dimensions")
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert len(read_metrics(tmp_path)) == 1
+
+
+def test_help_lists_keys():
+    proc = run_train(["--help"])
+    assert "--training.steps" in proc.stdout and "--parallelism.data_parallel_shard_degree" in proc.stdout
+
+
+def test_incomplete_checkpoint_is_never_loaded(tmp_path, tiny_args):
+    args = [*tiny_args, "--checkpoint.enable", "--checkpoint.interval", "1", "--job.dump_folder", str(tmp_path)]
+    run_train([*args, "--training.steps", "2"])
+    # A crash mid-save leaves a .tmp folder and no manifest: the latest complete step is 2.
+    shutil.copytree(tmp_path / "checkpoint" / "step-2", tmp_path / "checkpoint" / "step-3.tmp")
+    (tmp_path / "checkpoint" / "step-3.tmp" / "titan.json").unlink()
+    proc = run_train([*args, "--training.steps", "3"])
+    assert "resumed from checkpoint" in proc.stdout and "step-2" in proc.stdout
