@@ -19,7 +19,11 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         job_config = parse_args(argv)
-        Trainer(job_config).train()
+        trainer = Trainer(job_config)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
     except USER_ERRORS as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True)
         return 2

@@ -19,14 +19,13 @@ from torch.distributed.tensor.parallel import loss_parallel
 from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
 from titan.config import JobConfig, to_toml
 from titan.distributed import TORCH_DTYPES, ParallelDims
-from titan.distributed.utils import clip_grad_norm_
 from titan.distributed.runtime import init_distributed, set_default_threads, world_size_from_env
+from titan.distributed.utils import clip_grad_norm_
 from titan.metrics.logger import MetricsLogger
 from titan.metrics.logging import init_logger, logger
 from titan.metrics.throughput import device_peak_tflops, peak_memory_gib
 from titan.optim import build_lr_scheduler, build_optimizer
 from titan.spec import ModelSpec, get_model_spec
-
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
@@ -145,6 +144,7 @@ class Trainer:
         self.dataloader = self.spec.build_dataloader(job_config, self.dp_rank, dp, self.tokenizer, "train")
 
         self.step = 0
+        self._data_iter = None
         self.history: list[dict[str, Any]] = []
         self.checkpointer = CheckpointManager(
             Path(self.dump_folder) / job_config.checkpoint.folder,
@@ -305,43 +305,46 @@ class Trainer:
             f"rank(s) ({self.device.type}, {self.threads} threads), global batch {self.global_batch_size} "
             f"x seq {cfg.training.seq_len}, accumulation {self.grad_accum_steps}, dump folder {self.dump_folder}"
         )
-        data_iter = iter(self.dataloader)
+        if self._data_iter is None:
+            self._data_iter = iter(self.dataloader)
+        data_iter = self._data_iter
         start = time.perf_counter()
         window_start, window_tokens, window_steps = start, 0, 0
-        try:
-            while self.step < total:
-                out = self.train_step(data_iter)
-                self.step += 1
-                window_tokens += out["tokens"]
-                window_steps += 1
-                validate = cfg.validation.enable and (self.step % cfg.validation.freq == 0 or self.step == total)
-                log_now = self.step == 1 or self.step % cfg.metrics.log_freq == 0 or self.step == total or validate
-                if log_now:
-                    now = time.perf_counter()
-                    seconds = max(now - window_start, 1e-9)
-                    tps = window_tokens / seconds
-                    tflops = self.flops_per_token * tps / 1e12
-                    record = {
-                        "step": self.step,
-                        "loss": out["loss"],
-                        "grad_norm": out["grad_norm"],
-                        "lr": self.lr_scheduler.get_last_lr()[0],
-                        "tps": tps,
-                        "tflops": tflops,
-                        "mfu": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,
-                        "memory_gib": peak_memory_gib(self.device),
-                        "elapsed_s": now - start,
-                        **{k: v for k, v in out.items() if k not in ("loss", "grad_norm", "tokens")},
-                    }
-                    if validate:
-                        record.update({f"val_{k}": v for k, v in self.evaluate().items()})
-                    eta = (total - self.step) * seconds / window_steps
-                    self.metrics.log(record, eta)
-                    self.history.append(record)
-                    window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-                if self.checkpointer.should_save(self.step, total):
-                    self.save_checkpoint()
-                    window_start = time.perf_counter()
-        finally:
-            self.metrics.close()
+        while self.step < total:
+            out = self.train_step(data_iter)
+            self.step += 1
+            window_tokens += out["tokens"]
+            window_steps += 1
+            validate = cfg.validation.enable and (self.step % cfg.validation.freq == 0 or self.step == total)
+            log_now = self.step == 1 or self.step % cfg.metrics.log_freq == 0 or self.step == total or validate
+            if log_now:
+                now = time.perf_counter()
+                seconds = max(now - window_start, 1e-9)
+                tps = window_tokens / seconds
+                tflops = self.flops_per_token * tps / 1e12
+                record = {
+                    "step": self.step,
+                    "loss": out["loss"],
+                    "grad_norm": out["grad_norm"],
+                    "lr": self.lr_scheduler.get_last_lr()[0],
+                    "tps": tps,
+                    "tflops": tflops,
+                    "mfu": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,
+                    "memory_gib": peak_memory_gib(self.device),
+                    "elapsed_s": now - start,
+                    **{k: v for k, v in out.items() if k not in ("loss", "grad_norm", "tokens")},
+                }
+                if validate:
+                    record.update({f"val_{k}": v for k, v in self.evaluate().items()})
+                eta = (total - self.step) * seconds / window_steps
+                self.metrics.log(record, eta)
+                self.history.append(record)
+                window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+            if self.checkpointer.should_save(self.step, total):
+                self.save_checkpoint()
+                window_start = time.perf_counter()
         return self.history
+
+    def close(self) -> None:
+        """Flushes and closes the metric sinks."""
+        self.metrics.close()

@@ -88,7 +88,8 @@ class CheckpointManager:
         dcp.save(self._state(model, optimizer, lr_scheduler, train_state), checkpoint_id=str(tmp))
         _barrier()
         if _rank() == 0:
-            manifest = {**self.identity, "step": step, "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            manifest = {**self.identity, "step": step, "world_size": world}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)

@@ -250,7 +250,9 @@ class ActivationCheckpoint:
     def __post_init__(self) -> None:
         opt = self.selective_ac_option
         if opt != "op" and not (opt.isdigit() and int(opt) > 0):
-            raise ValueError(f"activation_checkpoint.selective_ac_option must be 'op' or a positive integer, got {opt!r}")
+            raise ValueError(
+                f"activation_checkpoint.selective_ac_option must be 'op' or a positive integer, got {opt!r}"
+            )
 
 
 @dataclass

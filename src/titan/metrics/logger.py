@@ -10,6 +10,8 @@ from typing import Any
 
 from titan.metrics.logging import logger
 
+CONSOLE_KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "elapsed_s"}
+
 
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds):
@@ -35,33 +37,24 @@ class MetricsLogger:
 
             self.tb = SummaryWriter(log_dir=str(Path(dump_folder) / "tb"))
 
-    def log(self, record: dict[str, Any], eta_s: float, prefix: str = "step") -> None:
+    def log(self, record: dict[str, Any], eta_s: float) -> None:
         if not self.is_writer:
             return
-        step = record["step"]
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(record) + "\n")
         if self.tb is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and value is not None:
-                    self.tb.add_scalar(f"{prefix}/{key}" if prefix != "step" else key, value, step)
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(key, value, record["step"])
             self.tb.flush()
-        if prefix == "step":
-            mfu = record.get("mfu")
-            extra = "".join(
-                f"  {k} {v:.4f}" for k, v in record.items()
-                if k not in {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "elapsed_s"}
-                and isinstance(v, float)
-            )
-            logger.info(
-                f"step {step:>5}  loss {record['loss']:8.4f}  grad_norm {record['grad_norm']:7.3f}  "
-                f"lr {record['lr']:.2e}  tps {record['tps']:>8,.0f}  "
-                f"mfu {'n/a' if mfu is None else f'{mfu:5.1f}%'}  mem {record['memory_gib']:.2f}GiB"
-                f"{extra}  eta {_fmt_eta(eta_s)}"
-            )
-        else:
-            logger.info(f"{prefix} step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in record.items()
-                                                                if k != "step" and isinstance(v, float)))
+        mfu = record.get("mfu")
+        extra = "".join(f"  {k} {v:.4f}" for k, v in record.items() if k not in CONSOLE_KEYS and isinstance(v, float))
+        logger.info(
+            f"step {record['step']:>5}  loss {record['loss']:8.4f}  grad_norm {record['grad_norm']:7.3f}  "
+            f"lr {record['lr']:.2e}  tps {record['tps']:>8,.0f}  "
+            f"mfu {'n/a' if mfu is None else f'{mfu:5.1f}%'}  mem {record['memory_gib']:.2f}GiB"
+            f"{extra}  eta {_fmt_eta(eta_s)}"
+        )
 
     def close(self) -> None:
         if self.jsonl is not None:
