@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from titan.data.text import PackedTextLoader, corpus_id, load_documents, split_documents, tokenized_corpus
+from titan.data.text import (
+    PackedTextLoader,
+    StreamingTextLoader,
+    corpus_id,
+    load_documents,
+    open_hub_stream,
+    split_documents,
+    tokenized_corpus,
+)
 from titan.data.tokenizer import BPETokenizer, Llama3Tokenizer, Tokenizer, corpus_bpe_tokenizer
 
 
@@ -18,6 +26,9 @@ def build_tokenizer(job_config) -> Tokenizer:
     if tokenizer_kind(job_config) == "llama3":
         return Llama3Tokenizer()
     training = job_config.training
+    if not training.dataset_path and training.dataset != "wiki_offline":
+        raise ValueError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
+                         f"{training.dataset!r}; use --model.tokenizer llama3")
     return corpus_bpe_tokenizer(
         lambda: split_documents(load_documents(training), training.validation_fraction, "train"),
         corpus_id(training),
@@ -28,6 +39,10 @@ def build_tokenizer(job_config) -> Tokenizer:
 def build_text_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer: Tokenizer, split: str = "train"):
     """A stateful loader of (inputs, labels) token blocks for this data-parallel rank."""
     training = job_config.training
+    if not training.dataset_path and training.dataset != "wiki_offline":
+        stream = open_hub_stream(training.dataset, "train" if split == "train" else "validation")
+        return StreamingTextLoader(stream, tokenizer, training.text_field, training.seq_len,
+                                   training.local_batch_size, dp_rank, dp_degree)
     tok_id = f"{tokenizer_kind(job_config)}:{tokenizer.vocab_size}:{job_config.model.bpe_vocab_size}"
     if tokenizer_kind(job_config) == "bpe":
         tok_id += f":{corpus_id(training)}"
@@ -44,5 +59,5 @@ def build_text_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer: T
     )
 
 
-__all__ = ["BPETokenizer", "Llama3Tokenizer", "PackedTextLoader", "Tokenizer", "build_text_dataloader",
-           "build_tokenizer"]
+__all__ = ["BPETokenizer", "Llama3Tokenizer", "PackedTextLoader", "StreamingTextLoader", "Tokenizer",
+           "build_text_dataloader", "build_tokenizer"]

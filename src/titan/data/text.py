@@ -176,3 +176,56 @@ class PackedTextLoader:
                 f"{self.seq_len}; resume with the same training.seq_len or exclude 'dataloader' from loading"
             )
         self.position = int(state["sample_position"])
+
+
+class StreamingTextLoader:
+    """Packs a streamed dataset (e.g. from the hub) into blocks; documents are split across dp ranks.
+
+    State = the stream's own position plus the tokens already read but not yet emitted, so a resume on the
+    same layout continues with the very next token.
+    """
+
+    def __init__(self, stream, tokenizer: Tokenizer, text_field: str, seq_len: int, local_batch_size: int,
+                 dp_rank: int, dp_degree: int):
+        from datasets.distributed import split_dataset_by_node
+
+        self.stream = split_dataset_by_node(stream, rank=dp_rank, world_size=dp_degree)
+        self.tokenizer = tokenizer
+        self.text_field = text_field
+        self.seq_len, self.local_batch_size = seq_len, local_batch_size
+        self.buffer: list[int] = []
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        need = self.local_batch_size * self.seq_len + 1
+        for record in self.stream:
+            text = record.get(self.text_field)
+            if not isinstance(text, str):
+                raise ValueError(f"training.text_field {self.text_field!r} is not a text column of the stream "
+                                 f"(columns: {sorted(record)}); set --training.text_field")
+            self.buffer.extend(self.tokenizer.encode(text, bos=True, eos=True))
+            while len(self.buffer) >= need:
+                block = torch.tensor(self.buffer[:need], dtype=torch.int64)
+                # The last token of a batch is the first input of the next: blocks overlap by one.
+                self.buffer = self.buffer[need - 1 :]
+                rows = block.unfold(0, self.seq_len + 1, self.seq_len)
+                yield rows[:, :-1], rows[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream.state_dict(), "buffer": list(self.buffer)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.buffer = list(state["buffer"])
+
+
+def open_hub_stream(name: str, split: str):
+    """A streamed hub dataset; on a machine without internet this fails with a clear message."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, split=split, streaming=True)
+    except Exception as e:  # connection and not-found errors come in many types
+        raise ValueError(
+            f"training.dataset {name!r}: cannot stream it from the hub ({type(e).__name__}); "
+            "this machine may be offline: use wiki_offline or training.dataset_path"
+        ) from None
