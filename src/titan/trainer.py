@@ -19,6 +19,14 @@ from torch.distributed.tensor.parallel import loss_parallel
 from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
 from titan.config import JobConfig, to_toml
 from titan.distributed import TORCH_DTYPES, ParallelDims
+from titan.distributed.pipeline import (
+    build_schedule,
+    microbatch_count,
+    split_model,
+    stage_ids_for_rank,
+    stage_layer_ranges,
+    stages_per_rank,
+)
 from titan.distributed.runtime import init_distributed, set_default_threads, world_size_from_env
 from titan.distributed.utils import clip_grad_norm_
 from titan.metrics.logger import MetricsLogger
@@ -118,28 +126,40 @@ class Trainer:
         )
         logger.info(f"model {self.spec.name}/{job_config.model.flavor}: {self.num_params:,} parameters, "
                     f"{self.flops_per_token / 1e6:.1f} MFLOP/token")
+        pp = self.parallel_dims.pp_enabled
         full_init = (initial_state_dict is None and job_config.debug.full_init and world_size > 1
                      and self.num_params <= FULL_INIT_MAX_PARAMS)
         if full_init:
-            initial_state_dict = self._rank0_initial_state_dict()
-        model = self.spec.parallelize(model, self.parallel_dims, job_config)
-        model.to_empty(device=self.device)
-        with torch.no_grad():
-            if initial_state_dict is not None:
-                load_full_model_state_dict(model, initial_state_dict, broadcast_from_rank0=full_init)
-                # Non-persistent buffers (e.g. RoPE tables) are not in state dicts.
-                if hasattr(model, "init_buffers"):
-                    model.init_buffers(self.device)
-            else:
-                torch.manual_seed(job_config.debug.seed)
-                model.init_weights(buffer_device=self.device)
-        model.train()
-        self.model = model
+            # Pipeline stages hold different parameters, so each rank builds the weights itself (same seed).
+            initial_state_dict = self._full_initial_state_dict() if (pp or self.rank == 0) else {}
+        parts = self._split_for_pipeline(model) if pp else [model]
+        parts = [self.spec.parallelize(part, self.parallel_dims, job_config) for part in parts]
+        for part in parts:
+            part.to_empty(device=self.device)
+            with torch.no_grad():
+                if initial_state_dict is not None:
+                    names = set(part.state_dict())
+                    own = {k: v for k, v in initial_state_dict.items() if k in names} if pp else initial_state_dict
+                    load_full_model_state_dict(part, own, broadcast_from_rank0=full_init and not pp)
+                    # Non-persistent buffers (e.g. RoPE tables) are not in state dicts.
+                    if hasattr(part, "init_buffers"):
+                        part.init_buffers(self.device)
+                else:
+                    torch.manual_seed(job_config.debug.seed)
+                    part.init_weights(buffer_device=self.device)
+            part.train()
+        self.model_parts = parts
         self.sharded = self.parallel_dims.fsdp_enabled or self.parallel_dims.dp_replicate_enabled
         self.autocast_dtype = TORCH_DTYPES[training.mixed_precision_param]
+        self.pp_schedule = None
+        if pp:
+            self.pp_loss_scale = microbatch_count(job_config) * self.grad_accum_steps
+            self.pp_schedule = build_schedule(parts, self.stage_ids, self.num_stages, self.parallel_dims, job_config,
+                                              self.device, self._pipeline_loss)
 
-        self.optimizer = build_optimizer(model, job_config.optimizer)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, job_config.lr_scheduler, training.steps)
+        self.optimizers = [build_optimizer(part, job_config.optimizer) for part in parts]
+        self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, training.steps)
+                              for opt in self.optimizers]
         self.dp_rank = self.parallel_dims.dp_rank()
         self.dataloader = self.spec.build_dataloader(job_config, self.dp_rank, dp, self.tokenizer, "train")
 
@@ -153,7 +173,7 @@ class Trainer:
         )
         resume_step = self.checkpointer.step_to_load()
         if resume_step is not None:
-            state = self.checkpointer.load(resume_step, model, self.optimizer, self.lr_scheduler)
+            state = self.checkpointer.load(resume_step, self.model_parts, self.optimizers, self.lr_schedulers)
             self.step = state.get("step", 0)
             if "dataloader" not in job_config.checkpoint.exclude_from_loading and "sample_position" in state:
                 self.dataloader.load_state_dict({**self.dataloader.state_dict(),
@@ -165,10 +185,30 @@ class Trainer:
         if self.rank == 0:
             Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
 
-    def _rank0_initial_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights a single process would initialize, built on rank 0's CPU (empty on other ranks)."""
-        if self.rank != 0:
-            return {}
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model (the first of this rank's pipeline stages under pipeline parallel)."""
+        return self.model_parts[0]
+
+    def _split_for_pipeline(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        pcfg = self.config.parallelism
+        pp_rank = self.parallel_dims.world_mesh["pp"].get_local_rank()
+        self.num_stages = self.parallel_dims.pp * stages_per_rank(pcfg.pipeline_parallel_schedule)
+        split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
+        ranges = stage_layer_ranges(len(model.layers), self.num_stages, pcfg.pipeline_parallel_layers_per_stage,
+                                    split_points)
+        self.stage_ids = stage_ids_for_rank(pp_rank, self.parallel_dims.pp, pcfg.pipeline_parallel_schedule)
+        self.pp_has_first = 0 in self.stage_ids
+        self.pp_has_last = self.num_stages - 1 in self.stage_ids
+        logger.info(f"pipeline stages' layers: {[list(r) for r in ranges]}")
+        return split_model(model, self.stage_ids, ranges)
+
+    def _pipeline_loss(self, pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Gradients sum over microbatches and accumulation steps: scale each loss to get their mean.
+        return self.spec.loss_fn(pred, labels) / self.pp_loss_scale
+
+    def _full_initial_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights a single process would initialize, built on this rank's CPU."""
         with torch.device("cpu"):
             full = self.spec.build_model(self.model_args)
         torch.manual_seed(self.config.debug.seed)
@@ -179,12 +219,8 @@ class Trainer:
     def _check_supported(self) -> None:
         pd, cfg = self.parallel_dims, self.config
         unsupported = []
-        if pd.pp_enabled:
-            unsupported.append("parallelism.pipeline_parallel_degree > 1")
         if pd.cp_enabled:
             unsupported.append("parallelism.context_parallel_degree > 1")
-        if cfg.float8.enable:
-            unsupported.append("float8.enable")
         if cfg.comm.mode == "fake":
             unsupported.append("comm.mode = 'fake'")
         if unsupported:
@@ -212,14 +248,34 @@ class Trainer:
         return nullcontext()
 
     def _all_reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean over the ranks that hold the values: all ranks, or under pipeline parallel the last stages."""
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
-            values /= dist.get_world_size()
+            holders = dist.get_world_size() // self.parallel_dims.pp
+            values /= holders
         return values
+
+    def _forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Loss of one micro-batch (zero on pipeline ranks without the last stage) and the model output."""
+        if self.pp_schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._loss_context(), self._autocast():
+                self.pp_schedule.step(*((inputs,) if self.pp_has_first else ()),
+                                      target=labels if self.pp_has_last else None, losses=losses)
+            if not self.pp_has_last:
+                return torch.zeros((), device=self.device), None
+            return torch.stack([_replicated_value(x.detach()) for x in losses]).mean() * self.pp_loss_scale, None
+        with self._loss_context():
+            with self._autocast():
+                pred = self.model(inputs)
+                loss = self.spec.loss_fn(pred, labels)
+            (loss / self.grad_accum_steps).backward()
+        return _replicated_value(loss.detach()), pred.detach()
 
     def train_step(self, data_iter) -> dict[str, float]:
         """One optimizer step over `grad_accum_steps` micro-batches; returns loss, grad_norm, extra metrics."""
-        self.optimizer.zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         extra_sums: dict[str, torch.Tensor] = {}
         tokens = 0
@@ -227,20 +283,18 @@ class Trainer:
             inputs, labels = next(data_iter)
             inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
             tokens += labels.numel()
-            if hasattr(self.model, "set_requires_gradient_sync"):
-                self.model.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
-            with self._loss_context():
-                with self._autocast():
-                    pred = self.model(inputs)
-                    loss = self.spec.loss_fn(pred, labels)
-                (loss / self.grad_accum_steps).backward()
-            loss_sum += _replicated_value(loss.detach())
-            if self.spec.metrics_fn is not None:
+            for part in self.model_parts:
+                if hasattr(part, "set_requires_gradient_sync"):
+                    part.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
+            loss, pred = self._forward_backward(inputs, labels)
+            loss_sum += loss
+            if self.spec.metrics_fn is not None and pred is not None:
                 with torch.no_grad():
-                    for k, v in self.spec.metrics_fn(pred.detach(), labels).items():
+                    for k, v in self.spec.metrics_fn(pred, labels).items():
                         extra_sums[k] = extra_sums.get(k, 0) + _replicated_value(v.detach()).float()
-        max_norm = self.config.training.max_norm
-        grad_norm = clip_grad_norm_([p for p in self.model.parameters() if p.grad is not None], max_norm)
+        params = [p for part in self.model_parts for p in part.parameters() if p.grad is not None]
+        pp_group = self.parallel_dims.world_mesh["pp"].get_group() if self.parallel_dims.pp_enabled else None
+        grad_norm = clip_grad_norm_(params, self.config.training.max_norm, pp_group)
         names = list(extra_sums)
         reduced = self._all_reduce_mean(
             torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps
@@ -252,10 +306,27 @@ class Trainer:
                 "no checkpoint was written for it. Lower optimizer.lr, raise lr_scheduler.warmup_steps "
                 "or set training.max_norm"
             )
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        for opt, sched in zip(self.optimizers, self.lr_schedulers):
+            opt.step()
+            sched.step()
         return {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens,
                 **{k: v for k, v in zip(names, reduced[1:])}}
+
+    def _eval_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.pp_schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._loss_context(), self._autocast():
+                self.pp_schedule.eval(*((inputs,) if self.pp_has_first else ()),
+                                      target=labels if self.pp_has_last else None, losses=losses)
+            if not self.pp_has_last:
+                return {"loss": torch.zeros((), device=self.device)}
+            return {"loss": torch.stack([_replicated_value(x) for x in losses]).mean().float() * self.pp_loss_scale}
+        with self._loss_context(), self._autocast():
+            pred = self.model(inputs)
+            values = {"loss": self.spec.loss_fn(pred, labels).float()}
+        if self.spec.metrics_fn is not None:
+            values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
+        return {k: _replicated_value(v) for k, v in values.items()}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -263,22 +334,18 @@ class Trainer:
         loader = self.spec.build_dataloader(self.config, self.dp_rank, self.parallel_dims.dp_degree,
                                             self.tokenizer, "validation")
         limit = self.config.validation.steps
-        self.model.eval()
+        for part in self.model_parts:
+            part.eval()
         sums: dict[str, torch.Tensor] = {}
         batches = 0
         for inputs, labels in loader:
             if 0 <= limit <= batches:
                 break
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self._loss_context(), self._autocast():
-                pred = self.model(inputs)
-                values = {"loss": self.spec.loss_fn(pred, labels).float()}
-            if self.spec.metrics_fn is not None:
-                values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
-            for k, v in values.items():
-                sums[k] = sums.get(k, 0) + _replicated_value(v)
+            for k, v in self._eval_batch(inputs.to(self.device), labels.to(self.device)).items():
+                sums[k] = sums.get(k, 0) + v
             batches += 1
-        self.model.train()
+        for part in self.model_parts:
+            part.train()
         if batches == 0:
             raise ValueError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
         names = list(sums)
@@ -288,10 +355,10 @@ class Trainer:
     def save_checkpoint(self) -> None:
         train_state = {"step": self.step, **self.dataloader.state_dict()}
         train_state = {k: v for k, v in train_state.items() if isinstance(v, int)}
-        self.checkpointer.save(self.step, self.model, self.optimizer, self.lr_scheduler, train_state)
+        self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, train_state)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return full_model_state_dict(self.model)
+        return {k: v for part in self.model_parts for k, v in full_model_state_dict(part).items()}
 
     def train(self) -> list[dict[str, Any]]:
         """Runs until `training.steps`; returns the logged records of this call."""
@@ -326,7 +393,7 @@ class Trainer:
                     "step": self.step,
                     "loss": out["loss"],
                     "grad_norm": out["grad_norm"],
-                    "lr": self.lr_scheduler.get_last_lr()[0],
+                    "lr": self.lr_schedulers[0].get_last_lr()[0],
                     "tps": tps,
                     "tflops": tflops,
                     "mfu": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,

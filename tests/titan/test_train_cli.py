@@ -33,7 +33,7 @@ def test_exit_code_and_stderr_of_the_real_process(tmp_path):
         (["--model.flavor", "7B"], "unknown flavor '7B'"),
         (["--training.dataset_path", "/nonexistent/data"], "does not exist"),
         (["--training.dataset", "some/hub-dataset"], "use --model.tokenizer llama3"),
-        (["--float8.enable"], "float8.enable is not available"),
+        (["--float8.recipe", "columnwise"], "float8.recipe must be one of"),
         (["--training.global_batch_size", "3"], "not a multiple of local_batch_size"),
     ],
 )

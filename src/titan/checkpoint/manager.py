@@ -27,6 +27,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titan.metrics.logging import logger
 
+# Flattened optimizer keys ("state.layers.0.w.exp_avg") merge across pipeline stages and reshard.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+PARTIAL = StateDictOptions(strict=False)
 STEP_DIR = re.compile(r"^step-(\d+)$")
 MANIFEST = "titan.json"
 
@@ -69,23 +72,28 @@ class CheckpointManager:
     def should_save(self, step: int, last_step: int) -> bool:
         return self.enabled and (step % self.config.interval == 0 or step == last_step)
 
-    def _state(self, model, optimizer, lr_scheduler, train_state: dict[str, int]) -> dict[str, Any]:
-        # Scalars travel as tensors so that nothing of ours needs pickling.
+    def _state(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, Any]:
+        """One flat, layout-independent state: keys are the full model's parameter names, whatever part of the
+        model (pipeline stages) this rank holds. Scalars travel as tensors so nothing of ours is pickled."""
+        model, optim = {}, {}
+        for part, opt in zip(parts, optimizers):
+            model.update(get_model_state_dict(part))
+            optim.update(get_optimizer_state_dict(part, opt, options=FLAT))
         return {
-            "model": get_model_state_dict(model),
-            "optimizer": get_optimizer_state_dict(model, optimizer),
-            "lr_scheduler": {"last_epoch": torch.tensor(lr_scheduler.last_epoch)},
+            "model": model,
+            "optimizer": optim,
+            "lr_scheduler": {"last_epoch": torch.tensor(lr_schedulers[0].last_epoch)},
             "train_state": {k: torch.tensor(v, dtype=torch.int64) for k, v in train_state.items()},
         }
 
-    def save(self, step: int, model, optimizer, lr_scheduler, train_state: dict[str, int]) -> Path:
+    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> Path:
         final = self.folder / f"step-{step}"
         tmp = self.folder / f"step-{step}.tmp"
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        dcp.save(self._state(model, optimizer, lr_scheduler, train_state), checkpoint_id=str(tmp))
+        dcp.save(self._state(parts, optimizers, lr_schedulers, train_state), checkpoint_id=str(tmp))
         _barrier()
         if _rank() == 0:
             world = dist.get_world_size() if dist.is_initialized() else 1
@@ -117,7 +125,7 @@ class CheckpointManager:
             return self.config.load_step
         return steps[-1] if steps else None
 
-    def load(self, step: int, model, optimizer, lr_scheduler) -> dict[str, int]:
+    def load(self, step: int, parts, optimizers, lr_schedulers) -> dict[str, int]:
         """Restores the states in place and returns the train state (step, data position, ...)."""
         path = self.folder / f"step-{step}"
         manifest = json.loads((path / MANIFEST).read_text())
@@ -130,19 +138,20 @@ class CheckpointManager:
                     "checkpoint.folder or job.dump_folder"
                 )
         excluded = set(self.config.exclude_from_loading)
-        state = self._state(model, optimizer, lr_scheduler, {"step": 0, "sample_position": 0})
+        state = self._state(parts, optimizers, lr_schedulers, {"step": 0, "sample_position": 0})
         state = {k: v for k, v in state.items() if k not in excluded}
         try:
             dcp.load(state, checkpoint_id=str(path))
         except Exception as e:  # DCP wraps rank failures in its own exception types
             raise CheckpointError(f"cannot load checkpoint {path}: {str(e).splitlines()[0][:300]}") from e
-        if "model" in state:
-            set_model_state_dict(model, state["model"])
-        if "optimizer" in state:
-            set_optimizer_state_dict(model, optimizer, state["optimizer"])
-        if "lr_scheduler" in state:
-            lr_scheduler.last_epoch = int(state["lr_scheduler"]["last_epoch"])
-            lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+        for part, opt, sched in zip(parts, optimizers, lr_schedulers):
+            if "model" in state:
+                set_model_state_dict(part, state["model"], options=PARTIAL)
+            if "optimizer" in state:
+                set_optimizer_state_dict(part, opt, state["optimizer"], options=FLAT)
+            if "lr_scheduler" in state:
+                sched.last_epoch = int(state["lr_scheduler"]["last_epoch"])
+                sched._last_lr = [g["lr"] for g in opt.param_groups]
         train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
         logger.info(f"resumed from checkpoint {path}")
         return train_state

@@ -160,6 +160,10 @@ class Parallelism:
     """Pipeline schedule."""
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline microbatch."""
+    pipeline_parallel_layers_per_stage: int = 0
+    """Layers per pipeline stage (0 = split evenly; the last stage takes what is left)."""
+    pipeline_parallel_split_points: list[str] = field(default_factory=list)
+    """Explicit stage boundaries as module names, e.g. ["layers.4", "layers.8"] (overrides layers_per_stage)."""
     context_parallel_degree: int = 1
     """Context (sequence) parallel degree for attention."""
     enable_loss_parallel: bool = True
@@ -174,6 +178,11 @@ class Parallelism:
             context_parallel_degree=self.context_parallel_degree,
             pipeline_parallel_microbatch_size=self.pipeline_parallel_microbatch_size,
         )
+        _non_negative("parallelism", pipeline_parallel_layers_per_stage=self.pipeline_parallel_layers_per_stage)
+        for point in self.pipeline_parallel_split_points:
+            if not (point.startswith("layers.") and point[7:].isdigit()):
+                raise ValueError(f"parallelism.pipeline_parallel_split_points: {point!r} is not a block name like "
+                                 "'layers.4'")
         if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
             raise ValueError(
                 f"parallelism.data_parallel_shard_degree must be > 0 or -1 (the rest), "

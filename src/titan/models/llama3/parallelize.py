@@ -1,4 +1,4 @@
-"""Llama 3 parallelization in TorchTitan's fixed order: TP/SP -> activation checkpointing -> compile -> FSDP."""
+"""Llama 3 parallelization in TorchTitan's order: Float8 -> TP/SP -> activation checkpointing -> compile -> FSDP."""
 
 from __future__ import annotations
 
@@ -14,22 +14,21 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
+from titan.float8 import apply_float8
 from titan.metrics.logging import logger
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Megatron-style TP with sequence-parallel norms; the output layer is sharded on the vocabulary."""
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1),
-                                      output_layouts=Shard(-1) if loss_parallel else Replicate(),
-                                      use_local_output=not loss_parallel),
-        },
-    )
+    root_plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1),
+                                  output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                  use_local_output=not loss_parallel),
+    }
+    # A pipeline stage holds only some of these modules.
+    parallelize_module(model, tp_mesh, {k: v for k, v in root_plan.items() if getattr(model, k) is not None})
     for block in model.layers.values():
         plan = {
             "attention_norm": SequenceParallel(),
@@ -50,6 +49,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 
 
 def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
         args = model.args
         tp = parallel_dims.tp

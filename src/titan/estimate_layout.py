@@ -1,0 +1,193 @@
+"""The dry-run half of the estimator: the real model, split into pipeline stages and sharded by the training code
+on a fake process group, one representative rank per pipeline position.
+
+What this reads back (local shapes, which blocks are checkpointed, FSDP units) comes from the parallelized
+modules, so a change to the parallelize plan shows up in the estimate without touching the estimator.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from titan.distributed import ParallelDims
+
+# Schedules that put one stage on each rank; the others hold two (loop layout, or V layout for the V schedules).
+SINGLE_STAGE_SCHEDULES = {"GPipe", "1F1B"}
+V_SCHEDULES = {"ZBVZeroBubble", "DualPipeV"}
+
+
+def stages_per_rank(schedule: str) -> int:
+    return 1 if schedule in SINGLE_STAGE_SCHEDULES else 2
+
+
+def stage_layer_ranges(n_layers: int, num_stages: int) -> list[range]:
+    """Consecutive layer ranges, as even as possible; the remainder goes to middle stages first because the first
+    and last stages also hold the embedding and the output layer."""
+    if n_layers < num_stages:
+        raise ValueError(f"{n_layers} layers cannot fill {num_stages} pipeline stages; lower "
+                         "parallelism.pipeline_parallel_degree or use a schedule with one stage per rank")
+    base, extra = divmod(n_layers, num_stages)
+    sizes = [base] * num_stages
+    for s in sorted(range(num_stages), key=lambda s: (s in (0, num_stages - 1), s))[:extra]:
+        sizes[s] += 1
+    starts = list(itertools.accumulate(sizes, initial=0))
+    return [range(a, b) for a, b in zip(starts, starts[1:])]
+
+
+def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
+    if schedule in V_SCHEDULES:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(stages_per_rank(schedule))]
+
+
+@dataclass
+class PartInfo:
+    """One pipeline stage as held by one rank, after TP/AC/FSDP."""
+
+    stage: int
+    layers: list[int]
+    has_embedding: bool
+    has_output: bool
+    local_params: int
+    """Elements this rank stores (real local shapes of the sharded parameters)."""
+    local_param_bytes: int
+    """Bytes of those elements in the parameters' own dtype (the fp32 master copy)."""
+    unsharded_params: int
+    """Elements after the FSDP all-gather (TP-local): what forward and backward compute with."""
+    fsdp_unit_params: list[int]
+    """Unsharded (TP-local) elements per FSDP unit: each block, then the root (embedding, norm, output) if any."""
+    full_ac_blocks: int
+    op_ac_blocks: int
+    distinct_params: float
+    """Sum over every rank of the stage of local elements / replicas: equals the stage's parameter count."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    pp_rank: int
+    coordinate: dict[str, int]
+    parts: list[PartInfo] = field(default_factory=list)
+
+
+@contextmanager
+def fake_process_group(rank: int, world_size: int):
+    """A fake backend: collectives return at once, so any world size fits in one process."""
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _tp_sharded(p: DTensor) -> bool:
+    names = p.device_mesh.mesh_dim_names or ()
+    return "tp" in names and not p.placements[names.index("tp")].is_replicate()
+
+
+def _distinct_elements(p: torch.Tensor) -> float:
+    """Local elements summed over all coordinates of the parameter's mesh, each divided by its replica count."""
+    if not isinstance(p, DTensor):
+        return float(p.numel())
+    return _distinct_for_layout(tuple(p.shape), tuple(p.device_mesh.shape), tuple(p.placements))
+
+
+@functools.cache
+def _distinct_for_layout(global_shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple) -> float:
+    # Blocks repeat the same few shapes and placements: each layout is enumerated once per process.
+    replicas = 1
+    for size, placement in zip(mesh_shape, placements):
+        replicas *= size if isinstance(placement, Replicate) else 1
+    total = 0
+    for coord in itertools.product(*(range(s) for s in mesh_shape)):
+        shape, _ = _compute_local_shape_and_global_offset(global_shape, mesh_shape, list(coord), placements,
+                                                          skip_offset=True)
+        total += torch.Size(shape).numel()
+    return total / replicas
+
+
+def _unsharded(p: torch.Tensor, tp: int) -> int:
+    return p.numel() // tp if isinstance(p, DTensor) and _tp_sharded(p) else p.numel()
+
+
+def _local(p: torch.Tensor) -> int:
+    return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+
+
+def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: str) -> PartInfo:
+    blocks = list(part.layers.values())
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    root = [p for p in part.parameters() if id(p) not in in_blocks]
+    units = [sum(_unsharded(p, tp) for p in b.parameters()) for b in blocks]
+    if root:
+        units.append(sum(_unsharded(p, tp) for p in root))
+    # torch.compile wraps the (checkpointed) block; FSDP subclasses it in place.
+    wrapped = sum(isinstance(getattr(b, "_orig_mod", b), CheckpointWrapper) for b in blocks)
+    op = ac_mode == "selective" and ac_option == "op"
+    params = list(part.parameters())
+    return PartInfo(
+        stage=stage,
+        layers=[int(k) for k in part.layers.keys()],
+        has_embedding=part.tok_embeddings is not None,
+        has_output=part.output is not None,
+        local_params=sum(_local(p) for p in params),
+        local_param_bytes=sum(_local(p) * p.element_size() for p in params),
+        unsharded_params=sum(units),
+        fsdp_unit_params=units,
+        full_ac_blocks=0 if op else wrapped,
+        op_ac_blocks=wrapped if op else 0,
+        distinct_params=sum(_distinct_elements(p) for p in params),
+    )
+
+
+def _stage_model(spec, model_args, stage: int, ranges: list[range]) -> nn.Module:
+    """The stage as the pipeline split builds it: the full model on meta, pruned to the stage's modules."""
+    with torch.device("meta"):
+        model = spec.build_model(model_args)
+    keep = {str(i) for i in ranges[stage]}
+    for name in [n for n in model.layers.keys() if n not in keep]:
+        del model.layers[name]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != len(ranges) - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def representative_rank(parallel_dims: ParallelDims, pp_rank: int) -> int:
+    """The first rank of the pipeline position (data, context and tensor coordinates 0): it holds the largest
+    FSDP shards when a dimension does not divide evenly."""
+    return pp_rank * (parallel_dims.world_size // parallel_dims.pp)
+
+
+def dry_run_rank(spec, model_args, job_config, parallel_dims: ParallelDims, pp_rank: int) -> RankInfo:
+    """Builds the meshes and this pipeline rank's stages on a fake process group, with the training code's
+    parallelize function, and reads back what the rank holds."""
+    pcfg = job_config.parallelism
+    schedule = pcfg.pipeline_parallel_schedule if parallel_dims.pp_enabled else "1F1B"
+    num_stages = parallel_dims.pp * stages_per_rank(schedule)
+    ranges = stage_layer_ranges(model_args.n_layers, num_stages)
+    rank = representative_rank(parallel_dims, pp_rank)
+    dims = ParallelDims(parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.cp, parallel_dims.tp,
+                        parallel_dims.pp, parallel_dims.world_size)
+    with fake_process_group(rank, parallel_dims.world_size):
+        mesh = dims.build_mesh("cpu")
+        coordinate = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())) if mesh is not None else {}
+        info = RankInfo(rank=rank, pp_rank=pp_rank, coordinate=coordinate)
+        for stage in stage_ids_for_rank(pp_rank, parallel_dims.pp, schedule):
+            part = spec.parallelize(_stage_model(spec, model_args, stage, ranges), dims, job_config)
+            ac = job_config.activation_checkpoint
+            info.parts.append(_part_info(part, stage, dims.tp, ac.mode, ac.selective_ac_option))
+    return info
