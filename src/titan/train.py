@@ -21,7 +21,10 @@ def main(argv: list[str]) -> int:
         job_config = parse_args(argv)
         trainer = Trainer(job_config)
         try:
-            trainer.train()
+            if job_config.checkpoint.create_seed_checkpoint:
+                trainer.save_seed_checkpoint()
+            else:
+                trainer.train()
         finally:
             trainer.close()
     except USER_ERRORS as e:

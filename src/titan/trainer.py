@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
 from titan.config import JobConfig, to_toml
+from titan.debug import fault_point
 from titan.distributed import TORCH_DTYPES, ParallelDims
 from titan.distributed.pipeline import (
     build_schedule,
@@ -164,6 +165,7 @@ class Trainer:
         self.dataloader = self.spec.build_dataloader(job_config, self.dp_rank, dp, self.tokenizer, "train")
 
         self.step = 0
+        self.consecutive_skips = 0
         self._data_iter = None
         self.history: list[dict[str, Any]] = []
         self.checkpointer = CheckpointManager(
@@ -171,13 +173,15 @@ class Trainer:
             job_config.checkpoint,
             {"model": self.spec.name, "flavor": job_config.model.flavor, "model_args": repr(self.model_args)},
         )
-        resume_step = self.checkpointer.step_to_load()
-        if resume_step is not None:
-            state = self.checkpointer.load(resume_step, self.model_parts, self.optimizers, self.lr_schedulers)
+        state = None
+        if not job_config.checkpoint.create_seed_checkpoint:
+            state = self.checkpointer.load_latest(self.model_parts, self.optimizers, self.lr_schedulers,
+                                                  self._train_state())
+        if state is not None:
             self.step = state.get("step", 0)
-            if "dataloader" not in job_config.checkpoint.exclude_from_loading and "sample_position" in state:
-                self.dataloader.load_state_dict({**self.dataloader.state_dict(),
-                                                 "sample_position": state["sample_position"]})
+            loader_keys = set(self.dataloader.state_dict())
+            if "dataloader" not in job_config.checkpoint.exclude_from_loading and loader_keys <= set(state):
+                self.dataloader.load_state_dict({k: state[k] for k in loader_keys})
 
         self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
         self.metrics = MetricsLogger(self.dump_folder, job_config.metrics.enable_jsonl,
@@ -269,6 +273,8 @@ class Trainer:
             with self._autocast():
                 pred = self.model(inputs)
                 loss = self.spec.loss_fn(pred, labels)
+                if fault_point("nan", self.step + 1):
+                    loss = loss * float("nan")
             (loss / self.grad_accum_steps).backward()
         return _replicated_value(loss.detach()), pred.detach()
 
@@ -300,17 +306,34 @@ class Trainer:
             torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps
         ).tolist()
         loss_value, grad_norm_value = reduced[0], float(grad_norm)
+        out = {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens,
+               **{k: v for k, v in zip(names, reduced[1:])}}
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-            raise NonFiniteLossError(
-                f"non-finite loss {loss_value} / grad norm {grad_norm_value} at step {self.step + 1}; "
-                "no checkpoint was written for it. Lower optimizer.lr, raise lr_scheduler.warmup_steps "
-                "or set training.max_norm"
-            )
+            self._on_nonfinite(loss_value, grad_norm_value)
+            return out
+        self.consecutive_skips = 0
         for opt, sched in zip(self.optimizers, self.lr_schedulers):
             opt.step()
             sched.step()
-        return {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens,
-                **{k: v for k, v in zip(names, reduced[1:])}}
+        return out
+
+    def _on_nonfinite(self, loss: float, grad_norm: float) -> None:
+        """Stops, or skips the update, as `training.on_nonfinite` says; never lets it reach a checkpoint."""
+        step = self.step + 1
+        training = self.config.training
+        self.consecutive_skips += 1
+        if training.on_nonfinite == "skip" and self.consecutive_skips <= training.max_consecutive_skips:
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+            logger.warning(f"step {step}: non-finite loss {loss} / grad norm {grad_norm}; update skipped "
+                           f"({self.consecutive_skips} in a row, at most {training.max_consecutive_skips})")
+            return
+        raise NonFiniteLossError(
+            f"non-finite loss {loss} / grad norm {grad_norm} at step {step}"
+            f"{' after ' + str(self.consecutive_skips - 1) + ' skipped steps' if self.consecutive_skips > 1 else ''}"
+            "; nothing of it was checkpointed. Lower optimizer.lr, raise lr_scheduler.warmup_steps, "
+            "set training.max_norm, or resume from the last checkpoint"
+        )
 
     def _eval_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.pp_schedule is not None:
@@ -352,10 +375,25 @@ class Trainer:
         reduced = self._all_reduce_mean(torch.stack([sums[k] for k in names]) / batches).tolist()
         return dict(zip(names, reduced))
 
-    def save_checkpoint(self) -> None:
-        train_state = {"step": self.step, **self.dataloader.state_dict()}
-        train_state = {k: v for k, v in train_state.items() if isinstance(v, int)}
-        self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, train_state)
+    def save_checkpoint(self, last: bool = False) -> None:
+        ckpt = self.config.checkpoint
+        if last and ckpt.last_save_model_only:
+            self.checkpointer.save_model_only(self.step, self.model_parts, TORCH_DTYPES[ckpt.export_dtype])
+            return
+        self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, self._train_state())
+
+    def _train_state(self) -> dict[str, int]:
+        """Step and data position: plain integers, the same on every layout."""
+        state = {"step": self.step, **self.dataloader.state_dict()}
+        return {k: v for k, v in state.items() if isinstance(v, int)}
+
+    def save_seed_checkpoint(self) -> None:
+        """Step-0 weights only, so runs on any layout can start from identical weights."""
+        if self.parallel_dims.world_size != 1:
+            raise ValueError("checkpoint.create_seed_checkpoint runs on one process; launch without torchrun")
+        if not self.config.checkpoint.enable:
+            raise ValueError("checkpoint.create_seed_checkpoint needs --checkpoint.enable")
+        self.checkpointer.save_model_only(0, self.model_parts, torch.float32)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for part in self.model_parts for k, v in full_model_state_dict(part).items()}
@@ -378,6 +416,7 @@ class Trainer:
         start = time.perf_counter()
         window_start, window_tokens, window_steps = start, 0, 0
         while self.step < total:
+            fault_point("step", self.step + 1)
             out = self.train_step(data_iter)
             self.step += 1
             window_tokens += out["tokens"]
@@ -408,10 +447,11 @@ class Trainer:
                 self.history.append(record)
                 window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
             if self.checkpointer.should_save(self.step, total):
-                self.save_checkpoint()
+                self.save_checkpoint(last=self.step == total)
                 window_start = time.perf_counter()
         return self.history
 
     def close(self) -> None:
-        """Flushes and closes the metric sinks."""
+        """Waits for an async checkpoint in flight, then flushes and closes the metric sinks."""
+        self.checkpointer.wait()
         self.metrics.close()

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from titan.checkpoint.safe_reader import SafeFileSystemReader, data_file_sizes, verify_checkpoint
+from titan.debug import fault_point
 from titan.metrics.logging import logger
 
 # Flattened optimizer keys ("state.layers.0.w.exp_avg") merge across pipeline stages and reshard.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 PARTIAL = StateDictOptions(strict=False)
+# Saving or loading from one process is intended here, not a misconfiguration.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 MANIFEST = "titan.json"
 
@@ -64,6 +69,11 @@ class CheckpointManager:
         self.folder = Path(folder)
         self.config = checkpoint_config
         self.identity = model_identity
+        self._pending: tuple | None = None
+        self._async_group = None
+        if checkpoint_config.enable and checkpoint_config.async_mode == "async" and dist.is_initialized():
+            # Background writes must not share the training collectives' group (they would interleave).
+            self._async_group = dist.new_group(backend="gloo")
 
     @property
     def enabled(self) -> bool:
@@ -86,25 +96,56 @@ class CheckpointManager:
             "train_state": {k: torch.tensor(v, dtype=torch.int64) for k, v in train_state.items()},
         }
 
-    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> Path:
+    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> None:
+        """Writes a full training checkpoint; in async mode returns once the state is staged."""
+        self._write(step, self._state(parts, optimizers, lr_schedulers, train_state),
+                    asynchronous=self.config.async_mode == "async")
+
+    def save_model_only(self, step: int, parts, dtype: torch.dtype) -> None:
+        """Weights only (e.g. a seed checkpoint, or an export for inference) in `dtype`."""
+        model = {}
+        for part in parts:
+            model.update({k: v.to(dtype) for k, v in get_model_state_dict(part).items()})
+        self._write(step, {"model": model}, asynchronous=False)
+
+    def _write(self, step: int, state: dict[str, Any], asynchronous: bool) -> None:
+        self.wait()
         final = self.folder / f"step-{step}"
         tmp = self.folder / f"step-{step}.tmp"
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        dcp.save(self._state(parts, optimizers, lr_schedulers, train_state), checkpoint_id=str(tmp))
+        if asynchronous:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
+            self._pending = (future, step, tmp, final, sorted(state))
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            fault_point("save", step)
+            self._commit(step, tmp, final, sorted(state))
+
+    def wait(self) -> None:
+        """Finishes an async save in flight: waits for every rank's writes, then commits."""
+        if self._pending is None:
+            return
+        future, step, tmp, final, contents = self._pending
+        self._pending = None
+        future.result()
+        fault_point("save", step)
+        self._commit(step, tmp, final, contents)
+
+    def _commit(self, step: int, tmp: Path, final: Path, contents: list[str]) -> None:
         _barrier()
         if _rank() == 0:
             world = dist.get_world_size() if dist.is_initialized() else 1
-            manifest = {**self.identity, "step": step, "world_size": world}
+            manifest = {**self.identity, "step": step, "world_size": world, "contents": contents,
+                        "files": data_file_sizes(tmp)}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             self._prune()
             logger.info(f"saved checkpoint {final}")
         _barrier()
-        return final
 
     def _prune(self) -> None:
         k = self.config.keep_latest_k
@@ -112,7 +153,11 @@ class CheckpointManager:
             for step in complete_steps(self.folder)[:-k]:
                 shutil.rmtree(self.folder / f"step-{step}", ignore_errors=True)
 
-    def step_to_load(self) -> int | None:
+    def load_latest(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int] | None:
+        """Restores the newest usable checkpoint (or `load_step`); corrupt ones are reported and skipped.
+
+        Returns its train state (step, data position, ...), or None when there is none to resume from.
+        """
         if not self.enabled:
             return None
         steps = complete_steps(self.folder)
@@ -122,13 +167,34 @@ class CheckpointManager:
                     f"checkpoint.load_step {self.config.load_step} has no complete checkpoint in {self.folder} "
                     f"(complete: {steps or 'none'}); pick one of those or -1 for the latest"
                 )
-            return self.config.load_step
-        return steps[-1] if steps else None
+            return self.load(self.config.load_step, parts, optimizers, lr_schedulers, train_state)
+        for step in reversed(steps):
+            try:
+                self._check_usable(self.folder / f"step-{step}")
+            except (ValueError, OSError) as e:
+                logger.warning(f"skipping unusable checkpoint: {e}")
+                continue
+            return self.load(step, parts, optimizers, lr_schedulers, train_state)
+        if steps:
+            raise CheckpointError(f"no usable checkpoint in {self.folder} (all of steps {steps} are damaged); "
+                                  "move them away to start from scratch")
+        return None
 
-    def load(self, step: int, parts, optimizers, lr_schedulers) -> dict[str, int]:
-        """Restores the states in place and returns the train state (step, data position, ...)."""
+    def _check_usable(self, path: Path) -> dict[str, Any]:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except ValueError:
+            raise ValueError(f"checkpoint {path} has an unreadable {MANIFEST}") from None
+        verify_checkpoint(path, manifest.get("files", {}))
+        return manifest
+
+    def load(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int]:
+        """Restores the states in place and returns the train state, whose keys `train_state` gives."""
         path = self.folder / f"step-{step}"
-        manifest = json.loads((path / MANIFEST).read_text())
+        try:
+            manifest = self._check_usable(path)
+        except (ValueError, OSError) as e:
+            raise CheckpointError(str(e)) from None
         for key in ("model", "flavor", "model_args"):
             if manifest.get(key) != self.identity.get(key):
                 what = "different model dimensions" if key == "model_args" else "another model"
@@ -137,11 +203,12 @@ class CheckpointManager:
                     f"run ({self.identity.get('model')}/{self.identity.get('flavor')}); use another "
                     "checkpoint.folder or job.dump_folder"
                 )
-        excluded = set(self.config.exclude_from_loading)
-        state = self._state(parts, optimizers, lr_schedulers, {"step": 0, "sample_position": 0})
-        state = {k: v for k, v in state.items() if k not in excluded}
+        wanted = set(manifest.get("contents", ["model", "optimizer", "lr_scheduler", "train_state"]))
+        wanted -= set(self.config.exclude_from_loading)
+        state = self._state(parts, optimizers, lr_schedulers, train_state)
+        state = {k: v for k, v in state.items() if k in wanted}
         try:
-            dcp.load(state, checkpoint_id=str(path))
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
         except Exception as e:  # DCP wraps rank failures in its own exception types
             raise CheckpointError(f"cannot load checkpoint {path}: {str(e).splitlines()[0][:300]}") from e
         for part, opt, sched in zip(parts, optimizers, lr_schedulers):
@@ -153,7 +220,7 @@ class CheckpointManager:
                 sched.last_epoch = int(state["lr_scheduler"]["last_epoch"])
                 sched._last_lr = [g["lr"] for g in opt.param_groups]
         train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
-        logger.info(f"resumed from checkpoint {path}")
+        logger.info(f"resumed from checkpoint {path} ({', '.join(sorted(state))})")
         return train_state
 
 

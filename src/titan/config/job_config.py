@@ -89,10 +89,15 @@ class Training:
     """Compute dtype for parameters in forward/backward (master weights stay fp32)."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Dtype of gradient reduction across data-parallel ranks."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """On a NaN/Inf loss or grad norm: stop with an error, or skip that update."""
+    max_consecutive_skips: int = 5
+    """With on_nonfinite = skip: stop after this many non-finite steps in a row."""
 
     def __post_init__(self) -> None:
         _positive("training", steps=self.steps, local_batch_size=self.local_batch_size, seq_len=self.seq_len)
         _non_negative("training", max_norm=self.max_norm)
+        _positive("training", max_consecutive_skips=self.max_consecutive_skips)
         if self.global_batch_size == 0 or self.global_batch_size < -1:
             raise ValueError(f"training.global_batch_size must be > 0 or -1, got {self.global_batch_size}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -206,6 +211,12 @@ class Checkpoint:
     """Resume from this step instead of the latest (-1 = latest)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """State keys not to load on resume, e.g. ["optimizer", "lr_scheduler", "dataloader"]."""
+    create_seed_checkpoint: bool = False
+    """Write the initial weights as step 0 and exit (one process), so every layout starts from them."""
+    last_save_model_only: bool = False
+    """The final checkpoint holds only the model weights (an export), in export_dtype."""
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of model-only checkpoints."""
 
     def __post_init__(self) -> None:
         _positive("checkpoint", interval=self.interval)

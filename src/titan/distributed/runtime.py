@@ -23,6 +23,18 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _elastic_store_kwargs(timeout_seconds: int) -> dict:
+    """Under torchrun's agent store, keys of a previous attempt (dead peers' addresses) outlive it and a
+    restarted worker group can hang reading them: give every restart its own key prefix."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size_from_env(),
+                          is_master=False, timeout=timedelta(seconds=timeout_seconds))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"titan/attempt_{attempt}", store), "rank": int(os.environ["RANK"]),
+            "world_size": world_size_from_env()}
+
+
 def init_distributed(timeout_seconds: int = 300) -> torch.device:
     """Joins the process group that torchrun described (idempotent) and returns this rank's device.
 
@@ -38,6 +50,7 @@ def init_distributed(timeout_seconds: int = 300) -> torch.device:
             backend=backend_for(dev),
             timeout=timedelta(seconds=timeout_seconds),
             device_id=device if dev == "cuda" else None,
+            **_elastic_store_kwargs(timeout_seconds),
         )
         logger.info(f"joined process group: backend={backend_for(dev)} world={dist.get_world_size()}")
     return device

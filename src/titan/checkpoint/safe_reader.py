@@ -1,0 +1,82 @@
+"""Reading DCP checkpoints without unpickling arbitrary objects, and checking files before loading.
+
+DCP stores its `.metadata` as a pickle. A checkpoint folder may come from anywhere, so its metadata is read
+with an unpickler that only rebuilds DCP's own metadata classes and a few plain types; anything else (a
+payload that would run code) is refused. Tensor data is read by DCP with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
+_ALLOWED = {
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch.storage", "_load_from_bytes"),
+    ("pathlib", "PosixPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                           torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+
+def load_metadata(path: Path) -> Metadata:
+    data = (path / ".metadata").read_bytes()
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # any unpickling failure means the metadata is unusable
+        raise ValueError(f"bad checkpoint metadata in {path}: {e}") from None
+    if not isinstance(metadata, Metadata):
+        raise ValueError(f"bad checkpoint metadata in {path}: not DCP metadata")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = load_metadata(Path(self.path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def data_file_sizes(path: Path) -> dict[str, int]:
+    """Sizes of a checkpoint's data files, recorded at commit and checked before loading."""
+    return {p.name: p.stat().st_size for p in sorted(path.glob("*.distcp"))}
+
+
+def verify_checkpoint(path: Path, recorded_sizes: dict[str, int]) -> None:
+    """Raises ValueError naming the first missing, truncated or inconsistent file."""
+    actual = data_file_sizes(path)
+    for name, size in recorded_sizes.items():
+        if name not in actual:
+            raise ValueError(f"checkpoint {path} is missing shard {name}")
+        if actual[name] != size:
+            raise ValueError(f"checkpoint {path} shard {name} has {actual[name]} bytes, {size} were written")
+    metadata = load_metadata(path)
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[str(info.relative_path)] = max(needed.get(str(info.relative_path), 0), info.offset + info.length)
+    for name, end in needed.items():
+        if actual.get(name, -1) < end:
+            raise ValueError(f"checkpoint {path} shard {name} is shorter than its metadata says")
