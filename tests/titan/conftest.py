@@ -21,13 +21,13 @@ TINY = [
 ]
 
 
-def run_train(args, nproc=1, check=True, timeout=300):
+def run_train(args, nproc=1, check=True, timeout=300, module="titan.train"):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if nproc == 1:
-        cmd = [sys.executable, "-m", "titan.train", *args]
+        cmd = [sys.executable, "-m", module, *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "titan.train", *args]
+               "-m", module, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -1,0 +1,81 @@
+"""Llama 3 weights to and from Hugging Face safetensors.
+
+    python -m titan.export --to-hf OUT_DIR [--config C.toml] [overrides]   # latest checkpoint -> HF folder
+    python -m titan.export --from-hf HF_DIR [--config C.toml] [overrides]  # HF folder -> step-0 checkpoint
+
+The config names the model and the checkpoint folder (`job.dump_folder`/`checkpoint.folder`), as for
+training; `--from-hf` writes a seed checkpoint that a training run with the same config starts from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from titan.checkpoint import CheckpointError
+from titan.config import ConfigError, parse_args
+from titan.models.llama3.hf_adapter import from_hf, hf_config, to_hf
+from titan.trainer import Trainer
+
+
+def export_to_hf(argv: list[str], out_dir: Path) -> Path:
+    from safetensors.torch import save_file
+
+    config = parse_args([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
+                         "--metrics.enable_tensorboard", "false"])
+    if config.model.name != "llama3":
+        raise ValueError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
+    trainer = Trainer(config)
+    if trainer.step == 0:
+        raise ValueError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = to_hf(trainer.full_state_dict(), trainer.model_args)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf_config(trainer.model_args), indent=1))
+    return out_dir
+
+
+def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
+    from safetensors.torch import load_file
+
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{hf_dir} holds no .safetensors files")
+    hf_tensors = {}
+    for f in files:
+        hf_tensors.update(load_file(str(f)))
+    config = parse_args([*argv, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+                         "--metrics.enable_jsonl", "false", "--metrics.enable_tensorboard", "false"])
+    probe = Trainer(config)
+    state = {k: v.float() for k, v in from_hf(hf_tensors, probe.model_args).items()}
+    expected = set(probe.model.state_dict())
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
+        raise ValueError(f"{hf_dir} does not match {config.model.name}/{config.model.flavor}: "
+                         f"missing {missing}, unexpected {extra}")
+    trainer = Trainer(config, initial_state_dict=state)
+    trainer.save_seed_checkpoint()
+    return Path(config.dump_folder) / config.checkpoint.folder / "step-0"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in ("--to-hf", "--from-hf") or len(argv) < 2:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    direction, folder, rest = argv[0], Path(argv[1]), argv[2:]
+    try:
+        out = export_to_hf(rest, folder) if direction == "--to-hf" else import_from_hf(rest, folder)
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)
