@@ -222,9 +222,12 @@ class Trainer:
 
     def _check_supported(self) -> None:
         pd, cfg = self.parallel_dims, self.config
+        if pd.cp_enabled and pd.pp_enabled:
+            raise ValueError("context parallel with pipeline parallel is not supported; drop one of them")
+        if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
+            raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
+                             f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
         unsupported = []
-        if pd.cp_enabled:
-            unsupported.append("parallelism.context_parallel_degree > 1")
         if cfg.comm.mode == "fake":
             unsupported.append("comm.mode = 'fake'")
         if unsupported:
@@ -244,6 +247,14 @@ class Trainer:
         if self.sharded or self.autocast_dtype == torch.float32:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _cp_context(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """Context parallel: this rank computes on its (load-balanced) share of the sequence."""
+        if not self.parallel_dims.cp_enabled:
+            return nullcontext()
+        from titan.distributed.context_parallel import sequence_sharded
+
+        return sequence_sharded(self.parallel_dims.world_mesh["cp"], self.model_parts, inputs, labels)
 
     def _loss_context(self):
         """Loss parallel: cross-entropy on vocabulary-sharded logits, never gathering them."""
@@ -269,7 +280,7 @@ class Trainer:
             if not self.pp_has_last:
                 return torch.zeros((), device=self.device), None
             return torch.stack([_replicated_value(x.detach()) for x in losses]).mean() * self.pp_loss_scale, None
-        with self._loss_context():
+        with self._cp_context(inputs, labels), self._loss_context():
             with self._autocast():
                 pred = self.model(inputs)
                 loss = self.spec.loss_fn(pred, labels)
@@ -287,8 +298,10 @@ class Trainer:
         tokens = 0
         for micro in range(self.grad_accum_steps):
             inputs, labels = next(data_iter)
-            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-            tokens += labels.numel()
+            # Context parallel shards these in place: give it tensors of our own.
+            inputs = inputs.to(self.device, non_blocking=True).clone()
+            labels = labels.to(self.device, non_blocking=True).clone()
+            tokens += labels.numel() // self.parallel_dims.cp
             for part in self.model_parts:
                 if hasattr(part, "set_requires_gradient_sync"):
                     part.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
@@ -344,11 +357,12 @@ class Trainer:
             if not self.pp_has_last:
                 return {"loss": torch.zeros((), device=self.device)}
             return {"loss": torch.stack([_replicated_value(x) for x in losses]).mean().float() * self.pp_loss_scale}
-        with self._loss_context(), self._autocast():
+        inputs, labels = inputs.clone(), labels.clone()
+        with self._cp_context(inputs, labels), self._loss_context(), self._autocast():
             pred = self.model(inputs)
             values = {"loss": self.spec.loss_fn(pred, labels).float()}
-        if self.spec.metrics_fn is not None:
-            values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
+            if self.spec.metrics_fn is not None:
+                values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
         return {k: _replicated_value(v) for k, v in values.items()}
 
     @torch.no_grad()

@@ -45,7 +45,11 @@ def assert_same_run(records, reference):
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=RTOL), got["step"]
 
 
-@pytest.mark.parametrize("layout", [[], ["--parallelism.tensor_parallel_degree", "2"]], ids=["fsdp2", "tp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [[], ["--parallelism.tensor_parallel_degree", "2"], ["--parallelism.context_parallel_degree", "2"]],
+    ids=["fsdp2", "tp2", "cp2"],
+)
 def test_two_ranks_match_one_process(tmp_path, tiny_args, reference, layout):
     run_train([*tiny_args, "--training.steps", "3", "--training.global_batch_size", "4", *layout,
                "--job.dump_folder", str(tmp_path)], nproc=2)
@@ -55,6 +59,16 @@ def test_two_ranks_match_one_process(tmp_path, tiny_args, reference, layout):
 def test_hsdp_2x2_matches_one_process(tmp_path, tiny_args, reference):
     run_train([*tiny_args, "--training.steps", "3", "--training.local_batch_size", "1",
                "--training.global_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
+               "--job.dump_folder", str(tmp_path)], nproc=4)
+    assert_same_run(read_metrics(tmp_path), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--parallelism.context_parallel_degree", "2"],
+                                    ["--parallelism.context_parallel_degree", "2",
+                                     "--parallelism.tensor_parallel_degree", "2"]], ids=["fsdp2xcp2", "tp2xcp2"])
+def test_context_parallel_compositions_match_one_process(tmp_path, tiny_args, reference, layout):
+    run_train([*tiny_args, "--training.steps", "3", "--training.global_batch_size", "4", *layout,
                "--job.dump_folder", str(tmp_path)], nproc=4)
     assert_same_run(read_metrics(tmp_path), reference)
 

@@ -12,9 +12,9 @@ from titan.spec import ModelSpec, register_model_spec
 
 
 def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:
-    """The vocabulary comes from the tokenizer; the RoPE table must cover the training sequence length."""
-    max_seq_len = max(args.max_seq_len, job_config.training.seq_len)
-    return dataclasses.replace(args, vocab_size=tokenizer.vocab_size, max_seq_len=max_seq_len)
+    """The vocabulary comes from the tokenizer; the RoPE table covers exactly the training sequence length
+    (context parallel shards it along with the sequence)."""
+    return dataclasses.replace(args, vocab_size=tokenizer.vocab_size, max_seq_len=job_config.training.seq_len)
 
 
 llama3_spec = register_model_spec(

@@ -148,6 +148,7 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     pipeline_first_modules = ("tok_embeddings",)
     pipeline_last_modules = ("norm", "output")
+    context_parallel_buffers = ("rope_cache",)
 
     def __init__(self, args: ModelArgs):
         super().__init__()
