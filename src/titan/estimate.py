@@ -13,14 +13,18 @@ import dataclasses
 import json
 import sys
 import typing
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
+
+import torch
 
 from titan.config import ConfigError, parse_args
 from titan.config.manager import field_docs
 from titan.distributed import ParallelDims
-from titan.estimate_costs import GIB, Hardware, layer_params, make_layout, rank_costs, step_estimate
-from titan.estimate_layout import dry_run_rank, stage_layer_ranges, stages_per_rank
+from titan.distributed.pipeline import stages_per_rank
+from titan.estimate_costs import GIB, Hardware, make_layout, rank_costs, step_estimate
+from titan.estimate_layout import dry_run_rank, stage_ranges
 from titan.metrics.throughput import gpu_peak_tflops
 from titan.spec import get_model_spec
 
@@ -84,7 +88,7 @@ def check_layout(job_config, dims: ParallelDims, args) -> int:
         if t.local_batch_size % pcfg.pipeline_parallel_microbatch_size:
             raise ValueError(f"training.local_batch_size {t.local_batch_size} is not a multiple of "
                              f"parallelism.pipeline_parallel_microbatch_size {pcfg.pipeline_parallel_microbatch_size}")
-        stage_layer_ranges(args.n_layers, dims.pp * stages_per_rank(pcfg.pipeline_parallel_schedule))
+        stage_ranges(args.n_layers, dims, pcfg)
     per_step = t.local_batch_size * dims.dp_degree
     global_batch = t.global_batch_size if t.global_batch_size > 0 else per_step
     if global_batch % per_step:
@@ -105,15 +109,18 @@ def estimate(job_config, hw: Hardware) -> dict:
     args = resolve_model_args(spec, job_config)
     global_batch = check_layout(job_config, dims, args)
     lay = make_layout(args, dims, job_config, global_batch)
-    infos = [dry_run_rank(spec, args, job_config, dims, r) for r in range(dims.pp)]
+    with torch.device("meta"):
+        model = spec.build_model(args)
+    infos = [dry_run_rank(spec, model, job_config, dims, r) for r in range(dims.pp)]
     ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in infos]
-    block = sum(layer_params(args).values())
-    flops_per_token = 6 * (args.n_layers * block + args.dim * args.vocab_size + args.dim) + (
-        12 * args.n_layers * args.n_heads * args.head_dim * job_config.training.seq_len)
+    # The trainer's MFU numerator, so that estimated and measured MFU compare.
+    num_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = (spec.flops_per_token(model, args, job_config.training.seq_len) if spec.flops_per_token
+                       else 6.0 * num_params)
     distinct = sum(p.distinct_params for info in infos for p in info.parts)
     return {
         "model": f"{job_config.model.name}/{job_config.model.flavor}",
-        "num_params": args.n_layers * block + 2 * args.vocab_size * args.dim + args.dim,
+        "num_params": num_params,
         "params_over_all_shards": distinct,
         "flops_per_token": flops_per_token,
         "layout": {"world_size": world, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
@@ -176,6 +183,9 @@ def help_text() -> str:
 
 
 def main(argv: list[str]) -> int:
+    # ParallelDims.submesh slices flattened dims, which torch warns about once per mesh; the training run logs
+    # it too, and here it would interleave with the table.
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0

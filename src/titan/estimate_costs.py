@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from titan.distributed import TORCH_DTYPES
-from titan.estimate_layout import RankInfo, stage_ids_for_rank, stages_per_rank
+from titan.distributed.pipeline import stage_ids_for_rank, stages_per_rank
+from titan.estimate_layout import RankInfo, schedule_of
 
 GIB = 2**30
 # Pipeline bubble relative to (p-1)/v microbatch times: zero-bubble schedules fill about two thirds of it by
@@ -64,6 +65,7 @@ class Layout:
     optimizer: str
     momentum: float
     loss_parallel: bool
+    reshard_after_forward: bool
     compile: bool
     float8: bool
 
@@ -76,15 +78,18 @@ class Layout:
 def make_layout(args, dims, job_config, global_batch: int) -> Layout:
     t, pcfg = job_config.training, job_config.parallelism
     microbatches = t.local_batch_size // pcfg.pipeline_parallel_microbatch_size if dims.pp_enabled else 1
+    reshard = pcfg.fsdp_reshard_after_forward
     return Layout(
         args=args, dims=dims, local_batch=t.local_batch_size, seq_len=t.seq_len,
         accum=global_batch // (t.local_batch_size * dims.dp_degree), microbatches=microbatches,
         microbatch_seqs=t.local_batch_size // microbatches,
-        schedule=pcfg.pipeline_parallel_schedule if dims.pp_enabled else "1F1B",
+        schedule=schedule_of(dims, pcfg),
         param_bytes=TORCH_DTYPES[t.mixed_precision_param].itemsize,
         reduce_bytes=TORCH_DTYPES[t.mixed_precision_reduce].itemsize,
         optimizer=job_config.optimizer.name, momentum=job_config.optimizer.momentum,
         loss_parallel=pcfg.enable_loss_parallel, compile=job_config.compile.enable,
+        # The rule of titan.distributed.data_parallel: PP keeps a stage gathered across its microbatches.
+        reshard_after_forward=reshard == "always" or (reshard == "default" and not dims.pp_enabled),
         float8=job_config.float8.enable,
     )
 
@@ -218,17 +223,18 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
                     for s in (p.stage for p in info.parts))
     col.add("pp", "pp", dims.pp, "send_recv", 2 * crossings * passes, boundary, False)
 
-    # FSDP/HSDP: all-gather unsharded (TP-local) parameters; reduce-scatter gradients once per sync.
+    # FSDP/HSDP: all-gather unsharded (TP-local) parameters for forward and, when resharded after it, again for
+    # backward; reduce-scatter gradients at each sync: once per step, or per schedule run under PP.
     unsharded = sum(p.unsharded_params for p in info.parts)
     local = sum(p.local_params for p in info.parts)
-    reshard = not dims.pp_enabled
     if dims.fsdp_enabled:
         shard_size, shard_inner = dims.dp_shard * c, "cp" if c > 1 else "dp_shard"
     else:
         shard_size, shard_inner = dims.dp_replicate, "dp_replicate"
-    units = sum(len(p.fsdp_unit_params) for p in info.parts)
-    gathers = (lay.accum * (2 if reshard else 1) if not dims.pp_enabled else lay.accum) * units
-    syncs = (1 if not dims.pp_enabled else lay.accum) * units
+    units = sum(len(p.block_params) + (p.root_params > 0) for p in info.parts)
+    gather_rounds = lay.accum * (lay.microbatches if dims.pp_enabled and lay.reshard_after_forward else 1)
+    gathers = gather_rounds * (2 if lay.reshard_after_forward else 1) * units
+    syncs = (lay.accum if dims.pp_enabled else 1) * units
     col.add("fsdp", shard_inner, shard_size, "all_gather", gathers, unsharded * lay.param_bytes / units, True)
     col.add("fsdp", shard_inner, shard_size, "reduce_scatter", syncs, unsharded * lay.reduce_bytes / units, True)
     if dims.fsdp_enabled and dims.dp_replicate > 1:
@@ -256,10 +262,13 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
     t, v = dims.tp, stages_per_rank(lay.schedule)
     states = OPTIMIZER_STATES[lay.optimizer] if lay.optimizer != "SGD" or lay.momentum > 0 else 0
     master = sum(p.local_param_bytes for p in info.parts)
-    max_unit = max(u for p in info.parts for u in p.fsdp_unit_params)
+    max_unit = max([u for p in info.parts for u in p.block_params] + [p.root_params for p in info.parts])
+    max_block = max(u for p in info.parts for u in p.block_params)
+    root = sum(p.root_params for p in info.parts)
     sharded = dims.fsdp_enabled or dims.dp_replicate_enabled
-    # Under PP the stage stays gathered from forward to backward; otherwise two units are live (one prefetched).
-    gathered = (unsharded if dims.pp_enabled else 2 * max_unit) * lay.param_bytes if sharded else 0
+    # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
+    # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched).
+    gathered = (root + 2 * max_block if lay.reshard_after_forward else unsharded) * lay.param_bytes if sharded else 0
     # Without a gradient sync every microbatch (accumulation, or PP microbatches) FSDP keeps unsharded gradients.
     accumulates = sharded and (lay.accum > 1 or lay.microbatches > 1)
     grad_buffers = unsharded * lay.reduce_bytes if accumulates else max_unit * (lay.param_bytes + lay.reduce_bytes)

@@ -7,6 +7,7 @@ modules, so a change to the parallelize plan shows up in the estimate without to
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 from contextlib import contextmanager
@@ -21,34 +22,20 @@ from torch.distributed.tensor._utils import _compute_local_shape_and_global_offs
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan.distributed import ParallelDims
-
-# Schedules that put one stage on each rank; the others hold two (loop layout, or V layout for the V schedules).
-SINGLE_STAGE_SCHEDULES = {"GPipe", "1F1B"}
-V_SCHEDULES = {"ZBVZeroBubble", "DualPipeV"}
+from titan.distributed.pipeline import stage_ids_for_rank, stage_layer_ranges, stages_per_rank
 
 
-def stages_per_rank(schedule: str) -> int:
-    return 1 if schedule in SINGLE_STAGE_SCHEDULES else 2
+def stage_ranges(n_layers: int, parallel_dims: ParallelDims, pcfg) -> list[range]:
+    """The trainer's stage split: pp x stages-per-rank stages, evenly or as layers_per_stage / split points say."""
+    if not parallel_dims.pp_enabled:
+        return [range(n_layers)]
+    split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
+    num_stages = parallel_dims.pp * stages_per_rank(schedule_of(parallel_dims, pcfg))
+    return stage_layer_ranges(n_layers, num_stages, pcfg.pipeline_parallel_layers_per_stage, split_points)
 
 
-def stage_layer_ranges(n_layers: int, num_stages: int) -> list[range]:
-    """Consecutive layer ranges, as even as possible; the remainder goes to middle stages first because the first
-    and last stages also hold the embedding and the output layer."""
-    if n_layers < num_stages:
-        raise ValueError(f"{n_layers} layers cannot fill {num_stages} pipeline stages; lower "
-                         "parallelism.pipeline_parallel_degree or use a schedule with one stage per rank")
-    base, extra = divmod(n_layers, num_stages)
-    sizes = [base] * num_stages
-    for s in sorted(range(num_stages), key=lambda s: (s in (0, num_stages - 1), s))[:extra]:
-        sizes[s] += 1
-    starts = list(itertools.accumulate(sizes, initial=0))
-    return [range(a, b) for a, b in zip(starts, starts[1:])]
-
-
-def stage_ids_for_rank(pp_rank: int, pp: int, schedule: str) -> list[int]:
-    if schedule in V_SCHEDULES:
-        return [pp_rank, 2 * pp - 1 - pp_rank]
-    return [pp_rank + i * pp for i in range(stages_per_rank(schedule))]
+def schedule_of(parallel_dims: ParallelDims, pcfg) -> str:
+    return pcfg.pipeline_parallel_schedule if parallel_dims.pp_enabled else "1F1B"
 
 
 @dataclass
@@ -65,8 +52,10 @@ class PartInfo:
     """Bytes of those elements in the parameters' own dtype (the fp32 master copy)."""
     unsharded_params: int
     """Elements after the FSDP all-gather (TP-local): what forward and backward compute with."""
-    fsdp_unit_params: list[int]
-    """Unsharded (TP-local) elements per FSDP unit: each block, then the root (embedding, norm, output) if any."""
+    block_params: list[int]
+    """Unsharded (TP-local) elements of each block: one FSDP unit each."""
+    root_params: int
+    """Unsharded (TP-local) elements of the root FSDP unit (embedding, final norm, output), 0 on middle stages."""
     full_ac_blocks: int
     op_ac_blocks: int
     distinct_params: float
@@ -129,9 +118,8 @@ def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: st
     blocks = list(part.layers.values())
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
     root = [p for p in part.parameters() if id(p) not in in_blocks]
-    units = [sum(_unsharded(p, tp) for p in b.parameters()) for b in blocks]
-    if root:
-        units.append(sum(_unsharded(p, tp) for p in root))
+    block_params = [sum(_unsharded(p, tp) for p in b.parameters()) for b in blocks]
+    root_params = sum(_unsharded(p, tp) for p in root)
     # torch.compile wraps the (checkpointed) block; FSDP subclasses it in place.
     wrapped = sum(isinstance(getattr(b, "_orig_mod", b), CheckpointWrapper) for b in blocks)
     op = ac_mode == "selective" and ac_option == "op"
@@ -143,27 +131,31 @@ def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: st
         has_output=part.output is not None,
         local_params=sum(_local(p) for p in params),
         local_param_bytes=sum(_local(p) * p.element_size() for p in params),
-        unsharded_params=sum(units),
-        fsdp_unit_params=units,
+        unsharded_params=sum(block_params) + root_params,
+        block_params=block_params,
+        root_params=root_params,
         full_ac_blocks=0 if op else wrapped,
         op_ac_blocks=wrapped if op else 0,
         distinct_params=sum(_distinct_elements(p) for p in params),
     )
 
 
-def _stage_model(spec, model_args, stage: int, ranges: list[range]) -> nn.Module:
-    """The stage as the pipeline split builds it: the full model on meta, pruned to the stage's modules."""
-    with torch.device("meta"):
-        model = spec.build_model(model_args)
-    keep = {str(i) for i in ranges[stage]}
-    for name in [n for n in model.layers.keys() if n not in keep]:
-        del model.layers[name]
+def stage_model(model: nn.Module, stage: int, ranges: list[range]) -> nn.Module:
+    """A copy of the (meta) model pruned to one stage, as pipeline.split_model makes it (parameter names stay those
+    of the full model), but copying only the stage's blocks, which keeps a 405B dry run in seconds."""
+    blocks = model.layers
+    model.layers = nn.ModuleDict()
+    try:
+        part = copy.deepcopy(model)
+    finally:
+        model.layers = blocks
+    part.layers = nn.ModuleDict({str(i): copy.deepcopy(blocks[str(i)]) for i in ranges[stage]})
     if stage != 0:
-        model.tok_embeddings = None
+        part.tok_embeddings = None
     if stage != len(ranges) - 1:
-        model.norm = None
-        model.output = None
-    return model
+        part.norm = None
+        part.output = None
+    return part
 
 
 def representative_rank(parallel_dims: ParallelDims, pp_rank: int) -> int:
@@ -172,22 +164,21 @@ def representative_rank(parallel_dims: ParallelDims, pp_rank: int) -> int:
     return pp_rank * (parallel_dims.world_size // parallel_dims.pp)
 
 
-def dry_run_rank(spec, model_args, job_config, parallel_dims: ParallelDims, pp_rank: int) -> RankInfo:
-    """Builds the meshes and this pipeline rank's stages on a fake process group, with the training code's
-    parallelize function, and reads back what the rank holds."""
+def dry_run_rank(spec, model: nn.Module, job_config, parallel_dims: ParallelDims, pp_rank: int) -> RankInfo:
+    """Builds the meshes and this pipeline rank's stages of the meta `model` on a fake process group, with the
+    training code's parallelize function, and reads back what the rank holds."""
     pcfg = job_config.parallelism
-    schedule = pcfg.pipeline_parallel_schedule if parallel_dims.pp_enabled else "1F1B"
-    num_stages = parallel_dims.pp * stages_per_rank(schedule)
-    ranges = stage_layer_ranges(model_args.n_layers, num_stages)
+    ranges = stage_ranges(len(model.layers), parallel_dims, pcfg)
     rank = representative_rank(parallel_dims, pp_rank)
+    # A fresh ParallelDims: build_mesh keeps the mesh, which belongs to this fake group only.
     dims = ParallelDims(parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.cp, parallel_dims.tp,
                         parallel_dims.pp, parallel_dims.world_size)
     with fake_process_group(rank, parallel_dims.world_size):
         mesh = dims.build_mesh("cpu")
         coordinate = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())) if mesh is not None else {}
         info = RankInfo(rank=rank, pp_rank=pp_rank, coordinate=coordinate)
-        for stage in stage_ids_for_rank(pp_rank, parallel_dims.pp, schedule):
-            part = spec.parallelize(_stage_model(spec, model_args, stage, ranges), dims, job_config)
+        for stage in stage_ids_for_rank(pp_rank, parallel_dims.pp, schedule_of(parallel_dims, pcfg)):
+            part = spec.parallelize(stage_model(model, stage, ranges), dims, job_config)
             ac = job_config.activation_checkpoint
             info.parts.append(_part_info(part, stage, dims.tp, ac.mode, ac.selective_ac_option))
     return info
