@@ -8,6 +8,8 @@ import sys
 from titan.checkpoint import CheckpointError
 from titan.config import ConfigError, help_text, parse_args
 from titan.distributed.runtime import shutdown
+from titan.estimate import main as estimate_main
+from titan.estimate import split_args
 from titan.trainer import NonFiniteLossError, Trainer
 
 USER_ERRORS = (ConfigError, CheckpointError, ValueError, FileNotFoundError, NonFiniteLossError)
@@ -18,7 +20,11 @@ def main(argv: list[str]) -> int:
         print(help_text())
         return 0
     try:
-        job_config = parse_args(argv)
+        rest, _ = split_args(argv)
+        job_config = parse_args(rest)
+        if job_config.comm.mode == "fake":
+            # A dry run: the same parallelize code on a fake process group of the target size, no training.
+            return estimate_main(argv)
         trainer = Trainer(job_config)
         try:
             if job_config.checkpoint.create_seed_checkpoint:

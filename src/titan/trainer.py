@@ -227,12 +227,8 @@ class Trainer:
         if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
             raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
                              f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
-        unsupported = []
         if cfg.comm.mode == "fake":
-            unsupported.append("comm.mode = 'fake'")
-        if unsupported:
-            raise ValueError(f"{unsupported[0]} is not available in this version of titan yet; "
-                             "remove that setting")
+            raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
 
     @staticmethod
     def _seed(debug) -> None:

@@ -19,6 +19,8 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops.aten.max.default,
+    # Recomputing a TP reduce-scatter would repeat communication, not just arithmetic.
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -93,7 +94,10 @@ class ParallelDims:
         root = self._mesh
         names = set(root.mesh_dim_names or ())
         try:
-            return root[name]
+            with warnings.catch_warnings():
+                # Slicing a flattened dim from the root is what TorchTitan does; torch warns about it each time.
+                warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+                return root[name]
         except (KeyError, RuntimeError, ValueError):
             enabled = [p for p in aliases.get(name, ()) if p in names]
             return root[enabled[0]] if len(enabled) == 1 else None
