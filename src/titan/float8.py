@@ -55,11 +55,12 @@ def float8_mm(a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype, b_dtype: t
         # _scaled_mm wants a row-major and b column-major.
         b8 = b8.t().contiguous().t()
         return torch._scaled_mm(a8.contiguous(), b8, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
-    return torch.mm(a8.to(out_dtype) * a_inv.to(out_dtype), b8.to(out_dtype) * b_inv.to(out_dtype))
+    return torch.mm((a8.float() * a_inv).to(out_dtype), (b8.float() * b_inv).to(out_dtype))
 
 
 def _hardware_path(use_scaled_mm: bool, *operands: torch.Tensor) -> bool:
-    if not use_scaled_mm or any(isinstance(t, DTensor) for t in operands):
+    """_scaled_mm takes plain bf16-producing operands with aligned dims; DTensors (TP) are emulated."""
+    if not use_scaled_mm or any(isinstance(t, DTensor) or t.dtype != torch.bfloat16 for t in operands):
         return False
     return all(d % FP8_ALIGNMENT == 0 for t in operands for d in t.shape)
 
