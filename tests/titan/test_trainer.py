@@ -56,6 +56,13 @@ def test_two_ranks_match_one_process(tmp_path, tiny_args, reference, layout):
     assert_same_run(read_metrics(tmp_path), reference)
 
 
+@pytest.mark.slow
+def test_fsdp2_tp2_matches_one_process(tmp_path, tiny_args, reference):
+    run_train([*tiny_args, "--training.steps", "3", "--training.global_batch_size", "4",
+               "--parallelism.tensor_parallel_degree", "2", "--job.dump_folder", str(tmp_path)], nproc=4)
+    assert_same_run(read_metrics(tmp_path), reference)
+
+
 def test_hsdp_2x2_matches_one_process(tmp_path, tiny_args, reference):
     run_train([*tiny_args, "--training.steps", "3", "--training.local_batch_size", "1",
                "--training.global_batch_size", "4", "--parallelism.data_parallel_replicate_degree", "2",

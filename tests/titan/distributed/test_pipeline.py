@@ -107,3 +107,12 @@ def test_pp2_tp2_matches_and_its_checkpoint_resumes_on_one_process(tmp_path, fou
     shutil.copytree(tmp_path / "3d" / "checkpoint" / "step-2", one / "checkpoint" / "step-2")
     run_train([*args, "--job.dump_folder", str(one)])
     assert losses(one) == pytest.approx(losses(tmp_path / "3d")[2:], rel=1e-5)
+
+
+@pytest.mark.parametrize("nproc, layout", [
+    (8, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
+    pytest.param(4, ["--parallelism.pipeline_parallel_degree", "2"], marks=pytest.mark.slow),
+], ids=["3d_fsdp2xtp2xpp2", "pp2xfsdp2"])
+def test_pipeline_with_fsdp_matches_one_process(tmp_path, four_layer_reference, nproc, layout):
+    run_train([*PP_ARGS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    assert_same_run(read_metrics(tmp_path), four_layer_reference)
