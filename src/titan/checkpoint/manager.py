@@ -235,5 +235,9 @@ def load_full_model_state_dict(model, full_state_dict: dict[str, torch.Tensor],
 
 
 def full_model_state_dict(model) -> dict[str, torch.Tensor]:
-    """The unsharded state dict on every rank (gathered from shards where needed), on the CPU."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """The unsharded state dict on every rank (gathered from shards where needed), on the CPU.
+
+    Not `cpu_offload=True`: that gathers to rank 0 only.
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu() for k, v in state.items()}

@@ -1,0 +1,233 @@
+"""Run configuration: typed sections from defaults, then a TOML or JSON file, then `--section.key value`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli
+
+from morphens.arch import Generator
+from morphens.data import DATASETS
+
+
+@dataclass
+class Data:
+    dataset: str = "fashion_mnist"
+    """One of digits, fashion_mnist, cifar10, cifar100, svhn."""
+    path: str = ""
+    """Where the files are ("" = the dataset's usual place: Debian's for Fashion-MNIST, ./data for torchvision)."""
+    download: bool = False
+    """Let torchvision download CIFAR/SVHN when the files are missing (needs internet)."""
+    train_limit: int = 10000
+    """Train on a fixed random subset of this many images (0 = all)."""
+    test_limit: int = 0
+    """Evaluate on a fixed random subset of this many test images (0 = all)."""
+    augment: bool = True
+    """Standard augmentation: random shifts, plus horizontal flips where they keep the label."""
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(f"data.dataset: unknown {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if self.train_limit < 0 or self.test_limit < 0:
+            raise ValueError("data.train_limit and data.test_limit must be >= 0 (0 = all)")
+
+
+@dataclass
+class Ensemble:
+    size: int = 4
+    """Members K drawn from the generator (ignored when `members` is given)."""
+    family: str = "vgg"
+    """Generator family: vgg, resnet, mlp or mixed."""
+    blocks: int = 3
+    """Pooling levels (VGG blocks / ResNet stages) of generated members."""
+    width: int = 6
+    """Base width of generated members (block b draws from width * 2**b * [1, spread])."""
+    spread: float = 1.5
+    """Largest over smallest width a generated layer may draw."""
+    max_depth: int = 2
+    """Most layers per block of generated members."""
+    kernels: list[int] = field(default_factory=lambda: [3, 5])
+    """VGG kernel sizes to draw from."""
+    seed: int = 0
+    """Seed of the generator (members differ by architecture and by initialization)."""
+    members: list[dict] = field(default_factory=list)
+    """Explicit members, e.g. [{family = "vgg", blocks = [[[16, 3]], [[32, 5]]]}] (TOML only); overrides size."""
+
+    def __post_init__(self):
+        if self.size < 1:
+            raise ValueError(f"ensemble.size must be >= 1, got {self.size}")
+        if any(not isinstance(m, dict) for m in self.members):
+            raise ValueError("ensemble.members must be a list of tables like {family = \"mlp\", hidden = [128]}")
+        try:
+            self.generator()
+        except ValueError as e:
+            raise ValueError(f"ensemble: {e}") from None
+
+    def generator(self) -> Generator:
+        return Generator(self.family, self.blocks, self.width, self.spread, self.max_depth, tuple(self.kernels))
+
+
+@dataclass
+class MotherNet:
+    clusters: int = 1
+    """g: number of clusters, each with its own mother (1 = cheapest, K = independent training)."""
+    mother_epochs: float = 24.0
+    """Epochs of mother training: long, since a small mother is cheap and its accuracy bounds the members'."""
+    hatch_epochs: float = 2.0
+    """Epochs of each hatched member after hatching."""
+    hatch_lr_factor: float = 1.0
+    """Peak learning rate of hatched members relative to training.lr (they start from a trained function)."""
+    noise: float = 0.01
+    """Symmetry-breaking noise: relative RMS change of the hatched member's logits on a calibration batch."""
+    calib_batch: int = 512
+    """Images used to calibrate new BatchNorm layers and to size the noise."""
+
+    def __post_init__(self):
+        if self.clusters < 1:
+            raise ValueError(f"mothernet.clusters must be >= 1, got {self.clusters}")
+        if self.mother_epochs <= 0 or self.hatch_epochs < 0:
+            raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
+        if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:
+            raise ValueError("mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0")
+
+
+@dataclass
+class Training:
+    epochs: float = 8.0
+    """Epochs of each independently trained member (the baseline)."""
+    batch_size: int = 128
+    """Global batch size."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warmup over 5% of steps, then cosine decay to zero)."""
+    weight_decay: float = 5e-4
+    """AdamW weight decay."""
+    engine: Literal["titan", "local"] = "titan"
+    """titan: every net trains with titan.trainer.Trainer; local: a plain in-process loop (no titan needed)."""
+    threads: int = 1
+    """torch CPU threads (0 = torch's default); 1 is fastest for small nets on a busy 2-core machine."""
+    seed: int = 0
+    """Seed of initialization and data order."""
+
+    def __post_init__(self):
+        if self.epochs <= 0 or self.batch_size < 2 or self.lr <= 0 or self.weight_decay < 0 or self.threads < 0:
+            raise ValueError("training: epochs and lr must be > 0, batch_size >= 2, weight_decay and threads >= 0")
+
+
+@dataclass
+class Run:
+    out: str = "outputs/morphens"
+    """Folder for results.json, results.png and the per-net titan dump folders."""
+    baseline: bool = True
+    """Also train the independent members (the comparison)."""
+    sizes: list[int] = field(default_factory=list)
+    """Sweep over ensemble sizes (the first k generated members each); empty = just ensemble.size."""
+
+    def __post_init__(self):
+        if any(k < 1 for k in self.sizes):
+            raise ValueError(f"run.sizes must be positive ensemble sizes, got {self.sizes}")
+
+
+@dataclass
+class RunConfig:
+    data: Data = field(default_factory=Data)
+    ensemble: Ensemble = field(default_factory=Ensemble)
+    mothernet: MotherNet = field(default_factory=MotherNet)
+    training: Training = field(default_factory=Training)
+    run: Run = field(default_factory=Run)
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)}
+
+
+def _convert(tp: Any, value: Any, from_cli: bool) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ValueError(f"one of {', '.join(map(repr, typing.get_args(tp)))}")
+    if origin is list:
+        (elem,) = typing.get_args(tp)
+        if elem is dict:
+            if from_cli:
+                raise ValueError("a list of tables, set in the TOML file")
+            if not isinstance(value, list):
+                raise ValueError("a list of tables")
+            return value
+        items = [v for v in value.strip("[]").split(",") if v.strip()] if from_cli else value
+        if not isinstance(items, list):
+            raise ValueError(f"a list of {elem.__name__}")
+        return [_convert(elem, v, from_cli) for v in items]
+    if tp is bool:
+        if not from_cli and isinstance(value, bool):
+            return value
+        if from_cli and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ValueError("true or false")
+    if tp in (int, float):
+        if from_cli:
+            try:
+                return tp(value.strip())
+            except ValueError:
+                raise ValueError("an integer" if tp is int else "a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (tp is int and isinstance(value, float)):
+            raise ValueError("an integer" if tp is int else "a number")
+        return tp(value)
+    if not isinstance(value, str):
+        raise ValueError("a string")
+    return value
+
+
+def load_config(path: str = "", overrides: list[tuple[str, str]] = ()) -> RunConfig:
+    """Defaults <- file at `path` (TOML, or JSON when it ends in .json; same sections) <- overrides
+    `[("section.key", "value"), ...]`; a ValueError names the key."""
+    values: dict[str, dict[str, Any]] = {}
+    toml: dict[str, Any] = {}
+    if path:
+        if not Path(path).is_file():
+            raise ValueError(f"config file {path} does not exist")
+        json_file = path.endswith(".json")
+        try:
+            toml = (json.loads if json_file else tomli.loads)(Path(path).read_text())
+        except (tomli.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"config file {path} is not valid {'JSON' if json_file else 'TOML'}: {e}") from None
+    sections = _sections()
+    items = [(f"{s}.{k}", v, False) for s, table in toml.items() for k, v in (table.items() if isinstance(
+        table, dict) else [("", table)])] + [(name, v, True) for name, v in overrides]
+    for name, value, from_cli in items:
+        section, _, key = name.partition(".")
+        if section not in sections:
+            raise ValueError(f"unknown config section {section!r}; known: {', '.join(sections)}")
+        hints = typing.get_type_hints(sections[section])
+        if key not in hints:
+            raise ValueError(f"unknown key {name}; keys of [{section}]: {', '.join(hints)}")
+        try:
+            values.setdefault(section, {})[key] = _convert(hints[key], value, from_cli)
+        except ValueError as e:
+            raise ValueError(f"{name} must be {e}, got {value!r}") from None
+    return RunConfig(**{name: cls(**values.get(name, {})) for name, cls in sections.items()})
+
+
+def help_text() -> str:
+    """Every `--section.key` with its type, default and docstring."""
+    from titan.config.manager import field_docs
+
+    lines = []
+    for section, cls in _sections().items():
+        lines.append(f"\n[{section}]")
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            tp = getattr(hints[f.name], "__name__", str(hints[f.name]))
+            lines.append(f"  --{section}.{f.name} ({tp}, default {default!r})\n      {docs.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,185 @@
+"""Image datasets held in memory as uint8 tensors, and a resumable, rank-sharded batch loader with augmentation.
+
+Offline: scikit-learn digits (in its wheel) and Fashion-MNIST (Debian package dataset-fashion-mnist).
+CIFAR-10/100 and SVHN come through torchvision when their files are present under the path (or downloadable).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+DATASETS = ("digits", "fashion_mnist", "cifar10", "cifar100", "svhn")
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    train_x: torch.Tensor
+    """uint8 (N, C, H, W)."""
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    pad: int
+    """Random-crop padding of the standard augmentation."""
+    flip: bool
+    """Whether horizontal flips keep the label (not for digits)."""
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_x.shape[1:])
+
+    @functools.cached_property
+    def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std of the training images, shaped to broadcast over (N, C, H, W)."""
+        x = self.train_x.float()
+        return x.mean((0, 2, 3)).view(1, -1, 1, 1), x.std((0, 2, 3)).view(1, -1, 1, 1)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        mean, std = self.stats
+        return (x.float() - mean) / std
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    with gzip.open(path) if path.suffix == ".gz" else open(path, "rb") as f:
+        raw = f.read()
+    dims = raw[3]
+    shape = np.frombuffer(raw, ">u4", count=dims, offset=4)
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def _fashion_mnist(path: str) -> tuple[np.ndarray, ...]:
+    root = Path(path or FASHION_MNIST_DIR)
+    out = []
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        found = [p for p in (root / f"{stem}.gz", root / stem, root / "FashionMNIST/raw" / stem) if p.exists()]
+        if not found:
+            raise FileNotFoundError(f"fashion_mnist: {stem}[.gz] not found under {root}; install it with "
+                                    "`sudo apt-get install -y dataset-fashion-mnist` or set data.path")
+        out.append(_read_idx(found[0]))
+    return out[0][:, None], out[1], out[2][:, None], out[3]
+
+
+def _digits() -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = np.round(x.reshape(-1, 1, 8, 8) * (255 / 16)).astype(np.uint8)
+    order = np.random.default_rng(0).permutation(len(y))  # fixed 80/20 split
+    cut = len(y) * 4 // 5
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def _torchvision(name: str, path: str, download: bool) -> tuple[np.ndarray, ...]:
+    import torchvision
+
+    root = path or "./data"
+    hints = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "svhn": "train_32x32.mat"}
+    try:
+        if name == "svhn":
+            train = torchvision.datasets.SVHN(root, split="train", download=download)
+            test = torchvision.datasets.SVHN(root, split="test", download=download)
+            return train.data, train.labels, test.data, test.labels
+        cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+        train, test = cls(root, train=True, download=download), cls(root, train=False, download=download)
+    except RuntimeError as e:  # torchvision's "Dataset not found or corrupted"
+        raise FileNotFoundError(f"{name}: {hints[name]} not found under {root} ({e}); put the files there or "
+                                "pass --data.download true (needs internet)") from e
+    return (train.data.transpose(0, 3, 1, 2), np.array(train.targets), test.data.transpose(0, 3, 1, 2),
+            np.array(test.targets))
+
+
+@functools.lru_cache(maxsize=4)
+def load(name: str, path: str = "", download: bool = False) -> Dataset:
+    """Loads a dataset once per process (several trainers in one run share it)."""
+    if name not in DATASETS:
+        raise ValueError(f"data.dataset: unknown {name!r}; choose one of {', '.join(DATASETS)}")
+    if name == "digits":
+        arrays = _digits()
+    elif name == "fashion_mnist":
+        arrays = _fashion_mnist(path)
+    else:
+        arrays = _torchvision(name, path, download)
+    tx, ty, vx, vy = (torch.from_numpy(np.array(a)) for a in arrays)
+    ty, vy = ty.long(), vy.long()
+    pad, flip = {"digits": (1, False), "fashion_mnist": (2, True), "svhn": (4, False)}.get(name, (4, True))
+    return Dataset(name, tx, ty, vx, vy, int(ty.max()) + 1, pad, flip)
+
+
+def augment(x: torch.Tensor, pad: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
+    """Random crop after zero padding (a shift of up to `pad` pixels) and optional horizontal flip, per sample."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    dy, dx = (torch.randint(2 * pad + 1, (n, 1, 1), generator=gen) for _ in range(2))
+    rows = (torch.arange(h).view(1, h, 1) + dy).expand(n, h, w)
+    cols = (torch.arange(w).view(1, 1, w) + dx).expand(n, h, w)
+    if flip:
+        mirrored = torch.rand(n, 1, 1, generator=gen) < 0.5
+        cols = torch.where(mirrored, cols.flip(-1), cols)
+    index = torch.arange(n).view(n, 1, 1)
+    return padded.permute(0, 2, 3, 1)[index, rows, cols].permute(0, 3, 1, 2)
+
+
+class Loader:
+    """Normalized float batches of one split for one data-parallel rank.
+
+    The train split cycles forever over reshuffled epochs (each rank takes a strided share of one permutation,
+    dropping the ragged end so BatchNorm never sees a tiny batch); the test split is one ordered pass.
+    `state_dict()` records the position, so a resumed run continues with the same batches.
+    """
+
+    def __init__(self, data: Dataset, batch_size: int, split: str = "train", augmented: bool = True,
+                 seed: int = 0, rank: int = 0, world: int = 1, limit: int = 0):
+        if split not in ("train", "test", "validation"):
+            raise ValueError(f"split must be train or validation, got {split!r}")
+        self.data, self.batch_size, self.train = data, batch_size, split == "train"
+        self.x, self.y = (data.train_x, data.train_y) if self.train else (data.test_x, data.test_y)
+        if limit:  # a fixed random subset, the same for every rank and member
+            keep = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(0))[:limit]
+            self.x, self.y = self.x[keep], self.y[keep]
+        self.augmented, self.seed, self.rank, self.world = augmented and self.train, seed, rank, world
+        self.epoch = self.step = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        share = len(self.y) // self.world
+        return max(share // self.batch_size, 1) if self.train else -(-share // self.batch_size)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self):
+        while True:
+            if self.train:
+                order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+            else:
+                order = torch.arange(len(self.y))
+            mine = order[self.rank::self.world]
+            while self.step < self.steps_per_epoch:
+                idx = mine[self.step * self.batch_size:(self.step + 1) * self.batch_size]
+                self.step += 1
+                x = self.x[idx]
+                if self.augmented:
+                    gen = torch.Generator().manual_seed(hash((self.seed, self.epoch, self.step, self.rank)))
+                    x = augment(x, self.data.pad, self.data.flip, gen)
+                yield self.data.normalize(x), self.y[idx]
+            self.epoch, self.step = self.epoch + 1, 0
+            if not self.train:
+                self.epoch = 0
+                return
+
+    def state_dict(self) -> dict[str, Any]:
+        """Images this rank has consumed (titan checkpoints this integer as `sample_position`)."""
+        return {"sample_position": (self.epoch * self.steps_per_epoch + self.step) * self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step = divmod(state["sample_position"] // self.batch_size, self.steps_per_epoch)

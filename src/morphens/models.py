@@ -1,0 +1,122 @@
+"""Plain single-device modules built from an architecture spec.
+
+Stages (VGG blocks, ResNet stages, MLP hidden layers) live in `model.layers`, an nn.ModuleDict, so titan's FSDP
+wraps them one by one. Parameter names are a pure function of the spec, which is what morphisms rely on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from morphens.arch import MLP, VGG, Arch, ResNet, final_size
+
+
+class ConvBN(nn.Module):
+    def __init__(self, c_in: int, c_out: int, kernel: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+class LinearBN(nn.Module):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.fc = nn.Linear(c_in, c_out, bias=False)
+        self.bn = nn.BatchNorm1d(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.fc(x)))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, width: int, inner: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, inner, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(inner)
+        self.conv2 = nn.Conv2d(inner, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+class ResStage(nn.Module):
+    def __init__(self, c_in: int, width: int, inners: tuple[int, ...]):
+        super().__init__()
+        self.transition = ConvBN(c_in, width, 3)
+        self.blocks = nn.Sequential(*(ResBlock(width, inner) for inner in inners))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.transition(x))
+
+
+class Net(nn.Module):
+    """Any member or mother: stages in `layers`, max pooling between conv stages, a linear head over the
+    flattened features (VGG-style; global average pooling loses the layout that small nets need)."""
+
+    def __init__(self, arch: Arch):
+        super().__init__()
+        self.arch = arch
+        c = arch.in_shape[0]
+        stages: list[nn.Module] = []
+        if isinstance(arch, VGG):
+            for block in arch.blocks:
+                convs = []
+                for conv in block:
+                    convs.append(ConvBN(c, conv.width, conv.kernel))
+                    c = conv.width
+                stages.append(nn.Sequential(*convs))
+        elif isinstance(arch, ResNet):
+            for stage in arch.stages:
+                stages.append(ResStage(c, stage.width, stage.blocks))
+                c = stage.width
+        else:
+            c = arch.in_shape[0] * arch.in_shape[1] * arch.in_shape[2]
+            for width in arch.hidden:
+                stages.append(LinearBN(c, width))
+                c = width
+        self.layers = nn.ModuleDict({str(i): stage for i, stage in enumerate(stages)})
+        if isinstance(arch, MLP):
+            self.head = nn.Linear(c, arch.num_classes)
+        else:  # a linear layer over the flattened last feature map, as a conv: dim 1 is still the channel
+            self.head = nn.Conv2d(c, arch.num_classes, final_size(arch))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.arch, MLP):
+            x = x.flatten(1)
+            for stage in self.layers.values():
+                x = stage(x)
+            return self.head(x)
+        for i, stage in enumerate(self.layers.values()):
+            x = F.max_pool2d(x, 2) if i else x
+            x = stage(x)
+        # A copy, not a view: FSDP2 warns that in-place ops on a returned view would skip its backward hook.
+        return self.head(x).flatten(1).clone()
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Fresh initialization, also after `to_empty` (which leaves BN buffers uninitialized); the buffers are
+        reset in place, so they stay on whatever device `buffer_device` names for titan."""
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)) and m is not self.head:
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_parameters()
+        nn.init.normal_(self.head.weight, std=self.head.weight[0].numel() ** -0.5)
+        nn.init.zeros_(self.head.bias)
+
+
+def build(arch: Arch) -> Net:
+    net = Net(arch)
+    net.init_weights()
+    return net
+
+
+def num_params(arch: Arch) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in Net(arch).parameters())

@@ -1,0 +1,243 @@
+"""`python -m morphens.run [--config PATH.toml] [--sizes 1,2,4,8] [--section.key value ...]`
+
+Trains an ensemble with MotherNets (cluster, build and train one mother per cluster, hatch and briefly train each
+member) and, unless `--run.baseline false`, the same members independently; prints a table and writes
+`results.json` and `results.png` (ensemble accuracy vs training cost) under `run.out`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe
+from morphens.config import RunConfig, help_text, load_config, to_dict
+from morphens.data import Dataset, Loader, load
+from morphens.models import num_params
+from morphens.morph import hatch
+from morphens.mother import cluster, mother_of
+from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
+
+
+def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
+    e = cfg.ensemble
+    if e.members:
+        return [arch_from_dict(m, data.in_shape, data.num_classes) for m in e.members]
+    return e.generator().sample(max(cfg.run.sizes or [e.size]), data.in_shape, data.num_classes, e.seed)
+
+
+def log(msg: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def scratch(cfg: RunConfig, data: Dataset, arch: Arch, i: int) -> Fit:
+    """Member i trained from scratch for training.epochs (its seeds depend only on i)."""
+    t = cfg.training
+    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, t.seed + i, f"independent-{i}")
+
+
+def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> list[dict]:
+    """Each member from scratch; returns one entry per member."""
+    out = []
+    for i, arch in enumerate(members):
+        run = scratch(cfg, data, arch, i)
+        probs = predict(run.net, data, cfg.data.test_limit)
+        out.append({"probs": probs, "acc": accuracy(probs, labels), "seconds": run.seconds,
+                    "cpu_seconds": run.cpu_seconds, "flops": run.flops,
+                    "param_epochs": num_params(arch) * cfg.training.epochs})
+        log(f"  independent {i}: {describe(arch)} acc {out[-1]['acc']:.2f}% in {run.seconds:.1f}s")
+    return out
+
+
+def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
+    """Clusters the members, trains one mother per cluster, hatches and trains every member; a member alone in
+    its cluster is its own mother and trains as it would independently. Times count training and hatching, not
+    evaluation, as for the independent members."""
+    m, t = cfg.mothernet, cfg.training
+    seconds = cpu_seconds = flops = param_epochs = 0.0
+    calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
+    probs: list[torch.Tensor] = [torch.empty(0)] * len(members)
+    mothers = []
+    groups = cluster(members, m.clusters)
+    for c, idx in enumerate(groups):
+        arch = mother_of([members[i] for i in idx])
+        if len(idx) == 1:
+            run = scratch(cfg, data, arch, idx[0])
+            epochs = t.epochs
+        else:
+            run = fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr,
+                      t.seed + 10**4 + c, f"mother-{c}-of-{len(members)}")
+            epochs = m.mother_epochs
+        flops, seconds, cpu_seconds = flops + run.flops, seconds + run.seconds, cpu_seconds + run.cpu_seconds
+        param_epochs += num_params(arch) * epochs
+        mother_probs = predict(run.net, data, cfg.data.test_limit)
+        mothers.append({"arch": describe(arch), "members": idx, "acc": accuracy(mother_probs, labels)})
+        log(f"  mother {c} {describe(arch)} for members {idx}: acc {mothers[-1]['acc']:.2f}%")
+        if len(idx) == 1:
+            probs[idx[0]] = mother_probs
+            continue
+        for i in idx:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            child = hatch(run.net, members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
+            seconds, cpu_seconds = seconds + time.perf_counter() - start, cpu_seconds + time.process_time() - cpu_start
+            tuned = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, t.seed + 2 * 10**4 + i,
+                        f"hatched-{i}-of-{len(members)}")
+            probs[i] = predict(tuned.net, data, cfg.data.test_limit)
+            flops, seconds, cpu_seconds = flops + tuned.flops, seconds + tuned.seconds, cpu_seconds + tuned.cpu_seconds
+            param_epochs += num_params(members[i]) * m.hatch_epochs
+            log(f"    hatched {i}: {describe(members[i])} acc {accuracy(probs[i], labels):.2f}%")
+    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": seconds, "cpu_s": cpu_seconds,
+            "member_acc": [accuracy(p, labels) for p in probs], "ensemble_acc": ensemble_accuracy(probs, labels),
+            "train_cost": flops, "param_epochs": param_epochs, "clusters": len(groups), "mothers": mothers}
+
+
+def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
+    """Everything that can be wrong with the input, checked before any training: data, members, sizes, g."""
+    data = load(cfg.data.dataset, cfg.data.path, cfg.data.download)
+    members = members_of(cfg, data)
+    sizes = cfg.run.sizes or [len(members)]
+    if max(sizes) > len(members):
+        raise ValueError(f"run.sizes: {max(sizes)} exceeds the {len(members)} explicit members")
+    for k in sizes:
+        if cfg.mothernet.clusters > k:
+            raise ValueError(f"mothernet.clusters: g={cfg.mothernet.clusters} is larger than the ensemble size {k}; "
+                             "use g <= K")
+        for idx in cluster(members[:k], cfg.mothernet.clusters):
+            mother_of([members[i] for i in idx])
+    return data, members, sizes
+
+
+def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[int]) -> list[dict]:
+    """MotherNets at every size, and the independent baseline (its first k members) beside each."""
+    torch.set_num_threads(cfg.training.threads or torch.get_num_threads())
+    # The first optimizer step in a process imports torch._dynamo (~3 s): pay it before anything is timed.
+    warm = torch.nn.Parameter(torch.zeros(1))
+    warm.grad = torch.zeros(1)
+    torch.optim.AdamW([warm]).step()
+    labels = eval_labels(data, cfg.data.test_limit)
+    log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
+        + ", ".join(describe(a) for a in members[:max(sizes)]))
+    results = []
+    base = independent(cfg, data, members[:max(sizes)], labels) if cfg.run.baseline else []
+    for k in sizes:
+        log(f"K={k}: MotherNets with g={cfg.mothernet.clusters}")
+        mn = mothernets(cfg, data, members[:k], labels)
+        mn["members"] = [arch_to_dict(a) for a in members[:k]]
+        results.append(mn)
+        if base:
+            mine = base[:k]
+            ind = {"method": "independent", "ensemble_size": k, "wall_s": sum(r["seconds"] for r in mine),
+                   "cpu_s": sum(r["cpu_seconds"] for r in mine),
+                   "member_acc": [r["acc"] for r in mine],
+                   "ensemble_acc": ensemble_accuracy([r["probs"] for r in mine], labels),
+                   "train_cost": sum(r["flops"] for r in mine), "param_epochs": sum(r["param_epochs"] for r in mine)}
+            mn["cost_ratio"] = ind["train_cost"] / mn["train_cost"]
+            mn["wall_ratio"] = ind["wall_s"] / mn["wall_s"]
+            mn["cpu_ratio"] = ind["cpu_s"] / mn["cpu_s"]
+            results.append(ind)
+    return results
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'K':>4} {'method':<12} {'member acc':>10} {'ensemble':>9} {'GFLOPs':>9} {'wall s':>8} {'cpu s':>8} "
+             f"{'cost x':>7} {'wall x':>7} {'cpu x':>7}"]
+    for r in results:
+        mean = sum(r["member_acc"]) / len(r["member_acc"])
+        ratios = " ".join(f"{r[k]:>7.2f}" if k in r else f"{'':>7}" for k in ("cost_ratio", "wall_ratio", "cpu_ratio"))
+        lines.append(f"{r['ensemble_size']:>4} {r['method']:<12} {mean:>9.2f}% {r['ensemble_acc']:>8.2f}% "
+                     f"{r['train_cost'] / 1e9:>9.1f} {r['wall_s']:>8.1f} {r['cpu_s']:>8.1f} {ratios}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method, marker in (("independent", "s"), ("mothernets", "o")):
+        rows = [r for r in results if r["method"] == method]
+        if not rows:
+            continue
+        left.plot([r["train_cost"] / 1e12 for r in rows], [r["ensemble_acc"] for r in rows], marker=marker,
+                  label=method)
+        for r in rows:
+            left.annotate(f"K={r['ensemble_size']}", (r["train_cost"] / 1e12, r["ensemble_acc"]), fontsize=8,
+                          textcoords="offset points", xytext=(4, -10))
+    left.set(xscale="log", xlabel="training cost (TFLOPs)", ylabel="ensemble accuracy (%)",
+             title="Ensemble accuracy vs training cost")
+    left.legend()
+    mn = [r for r in results if "cost_ratio" in r]
+    if mn:
+        ks = [r["ensemble_size"] for r in mn]
+        right.plot(ks, [r["cost_ratio"] for r in mn], marker="o", label="FLOPs")
+        right.plot(ks, [r["wall_ratio"] for r in mn], marker="s", label="wall time")
+        right.plot(ks, [r["cpu_ratio"] for r in mn], marker="^", label="CPU time")
+        right.axhline(1.0, color="gray", lw=0.8)
+        right.set(xscale="log", xlabel="ensemble size K", ylabel="independent / MotherNets",
+                  title="Training speed-up of MotherNets")
+        right.set_xticks(ks, [str(k) for k in ks])
+        right.minorticks_off()
+        right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse(argv: list[str]) -> RunConfig:
+    path, overrides, i = "", [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg[2:].partition("=")
+        if not arg.startswith("--") or not name:
+            raise ValueError(f"unexpected argument {arg!r}; options look like --section.key value")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ValueError(f"option {arg} needs a value")
+            value, i = argv[i + 1], i + 1
+        i += 1
+        if name == "config":
+            path = value
+        else:
+            overrides.append(("run.sizes" if name == "sizes" else name, value))
+    return load_config(path, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__ + help_text())
+        return 0
+    try:
+        cfg = parse(argv)
+        prepared = prepare(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = experiment(cfg, *prepared)
+    if int(os.environ.get("RANK", "0")) == 0:  # every rank trained every net together (FSDP); one writes
+        out = Path(cfg.run.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"config": to_dict(cfg), "results": results}, indent=1))
+        plot(results, out / "results.png")
+        print(table(results))
+        print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    if "RANK" in os.environ:  # under torchrun: leave the process group, then exit past gloo's finalizers
+        from titan.distributed.runtime import shutdown
+
+        shutdown()
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from morphens.data import FASHION_MNIST_DIR, Loader, augment, load
+
+
+def test_digits_split_and_normalization():
+    data = load("digits")
+    assert data.in_shape == (1, 8, 8) and data.num_classes == 10
+    assert len(data.train_y) + len(data.test_y) == 1797
+    x, y = next(iter(Loader(data, 512, augmented=False)))
+    assert x.shape == (512, 1, 8, 8) and y.dtype == torch.int64
+    assert abs(float(x.mean())) < 0.1 and abs(float(x.std()) - 1) < 0.1
+
+
+def test_train_loader_resumes_with_the_same_batches():
+    data = load("digits")
+    loader = Loader(data, 100, seed=3)
+    it = iter(loader)
+    for _ in range(16):  # past the end of the first epoch (14 steps)
+        next(it)
+    state = loader.state_dict()
+    expected = [next(it) for _ in range(3)]
+    resumed = Loader(data, 100, seed=3)
+    resumed.load_state_dict(state)
+    for (x, y), (ex, ey) in zip(iter(resumed), expected):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_ranks_see_disjoint_shares_and_test_split_is_one_pass():
+    data = load("digits")
+    seen = []
+    for rank in range(2):
+        loader = Loader(data, 64, augmented=False, rank=rank, world=2, limit=256)
+        seen.append(torch.cat([x for x, _, in (next(iter(loader)), next(iter(loader)))]))
+    assert not any(torch.equal(a, b) for a in seen[0] for b in seen[1])
+    test = list(Loader(data, 100, split="validation"))
+    assert sum(len(y) for _, y in test) == len(data.test_y) and len(test) == 4
+
+
+def test_augment_shifts_and_flips_whole_images():
+    x = torch.arange(2 * 1 * 5 * 5.0).view(2, 1, 5, 5) + 1
+    out = augment(x, 1, True, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    for img, src in zip(out, x):
+        # each output is a shifted (and maybe mirrored) crop of the zero-padded source
+        padded = torch.nn.functional.pad(src, (1, 1, 1, 1))
+        crops = [padded[:, i:i + 5, j:j + 5] for i in range(3) for j in range(3)]
+        assert any(torch.equal(img, c) or torch.equal(img, c.flip(-1)) for c in crops)
+
+
+@pytest.mark.skipif(not Path(FASHION_MNIST_DIR).exists(),
+                    reason="Fashion-MNIST absent: `apt-get install -y dataset-fashion-mnist` to run this test")
+def test_fashion_mnist_from_the_debian_package():
+    data = load("fashion_mnist")
+    assert data.train_x.shape == (60000, 1, 28, 28) and data.test_x.shape == (10000, 1, 28, 28)
+    assert data.num_classes == 10 and data.flip
+
+
+def test_missing_files_say_how_to_get_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
+        load("fashion_mnist", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py not found .* --data.download true"):
+        load("cifar10", str(tmp_path))
+    with pytest.raises(ValueError, match="unknown 'imagenet'"):
+        load("imagenet")

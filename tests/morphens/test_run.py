@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from morphens.config import load_config
+from morphens.run import independent, main, mothernets, prepare
+from morphens.train import eval_labels
+
+DIGITS = ["--data.dataset", "digits", "--training.batch_size", "64"]
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--training.epochs", "many"], "error: training.epochs must be a number, got 'many'"),
+        (["--training.engine", "jax"], "error: training.engine must be one of 'titan', 'local', got 'jax'"),
+        (["--optimizer.lr", "1"], "error: unknown config section 'optimizer'"),
+        (["--training.learning_rate", "1"], "error: unknown key training.learning_rate"),
+        (["--ensemble.size", "0"], "error: ensemble.size must be >= 1"),
+        (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),
+        (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
+        (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
+        (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
+                                                          "ensemble size 1"),
+        (["--ensemble.family", "mixed", "--ensemble.size", "9"], "error: clusters: g=1 but the members form 3 groups"),
+        (["--data.dataset", "cifar10", "--data.path", "/nonexistent"], "error: cifar10: cifar-10-batches-py not found"),
+        (["--config", "/nonexistent.toml"], "error: config file /nonexistent.toml does not exist"),
+        (["positional"], "error: unexpected argument 'positional'"),
+    ],
+)
+def test_user_mistakes_give_one_line_and_exit_2(capsys, tmp_path, args, message):
+    code, out, err = run_cli(capsys, *DIGITS, "--run.out", str(tmp_path / "out"), *args)
+    assert code == 2
+    assert err.startswith(message) and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_incompatible_explicit_members(capsys, tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[ensemble]\nmembers = [{family = "mlp", hidden = [32]}, {family = "vgg", blocks = [[8]]}]\n')
+    code, _, err = run_cli(capsys, "--config", str(config), *DIGITS)
+    assert code == 2 and "cannot share a mother" in err
+    config.write_text('[ensemble]\nmembers = [{family = "mlp", hidden = [32], num_classes = 3}]\n')
+    code, _, err = run_cli(capsys, "--config", str(config), *DIGITS)
+    assert code == 2 and "num_classes 3 does not match the data's 10" in err
+
+
+def test_hatched_members_reach_independent_accuracy_in_fewer_epochs(tmp_path):
+    """Digits MLPs through the titan engine: members hatched from a (cheap, long-trained) mother and trained 2
+    epochs match members trained 12 epochs from scratch; members trained 2 epochs from scratch are far worse."""
+    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "3", "ensemble.width": "6",
+                 "ensemble.spread": "1.5", "ensemble.max_depth": "2", "training.batch_size": "64",
+                 "training.epochs": "12", "mothernet.mother_epochs": "24", "mothernet.hatch_epochs": "2",
+                 "run.out": str(tmp_path)}
+    cfg = load_config("", list(overrides.items()))
+    data, members, _ = prepare(cfg)
+    labels = eval_labels(data)
+    mean = lambda accs: sum(accs) / len(accs)
+    from_scratch = mean([r["acc"] for r in independent(cfg, data, members, labels)])
+    hatched = mean(mothernets(cfg, data, members, labels)["member_acc"])
+    assert hatched >= from_scratch - 1.0
+    cfg.training.epochs = 2
+    assert mean([r["acc"] for r in independent(cfg, data, members, labels)]) < hatched - 5.0
+
+
+def test_cli_writes_results_and_plot(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, *DIGITS, "--sizes", "1,2", "--ensemble.family", "mlp", "--training.epochs", "1",
+                           "--mothernet.mother_epochs", "1", "--mothernet.hatch_epochs", "0.5",
+                           "--training.engine", "local", "--run.out", str(tmp_path))
+    assert code == 0 and "mothernets" in out
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["method"], r["ensemble_size"]) for r in results] == [("mothernets", 1), ("independent", 1),
+                                                                     ("mothernets", 2), ("independent", 2)]
+    for r in results:
+        assert set(r) >= {"method", "ensemble_size", "wall_s", "member_acc", "ensemble_acc", "train_cost"}
+        assert len(r["member_acc"]) == r["ensemble_size"] and 0 <= r["ensemble_acc"] <= 100
+    assert (tmp_path / "results.png").stat().st_size > 10_000
+
+
+def test_json_config_gives_the_same_members_as_toml(tmp_path):
+    members = [{"family": "mlp", "hidden": [64, 32]}, {"family": "mlp", "hidden": [48]}]
+    (tmp_path / "c.json").write_text(json.dumps({"data": {"dataset": "digits"}, "ensemble": {"members": members}}))
+    cfg = load_config(str(tmp_path / "c.json"))
+    _, parsed, sizes = prepare(cfg)
+    assert [a.hidden for a in parsed] == [(64, 32), (48,)] and sizes == [2]
