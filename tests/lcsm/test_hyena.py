@@ -1,0 +1,66 @@
+"""The Hyena LM trained through titan: `python -m titan.train --config configs/lcsm/hyena_debug.toml`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcsm.hyena import hyena_flavors, hyena_spec, update_model_args
+from titan.spec import get_model_spec
+
+TINY = ["--config", "configs/lcsm/hyena_debug.toml", "--model.dim", "32", "--model.n_layers", "2",
+        "--training.seq_len", "64", "--training.local_batch_size", "8", "--training.mixed_precision_param",
+        "float32", "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "false", "--validation.enable", "false",
+        "--lr_scheduler.warmup_steps", "2"]
+
+
+def train(args, folder, nproc=1):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                    f"--nproc_per_node={nproc}"]
+    cmd = [*launcher, "-m", "titan.train", *TINY, *args, "--job.dump_folder", str(folder)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
+                          cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_spec_is_registered_by_import():
+    assert get_model_spec("hyena", "lcsm.hyena") is hyena_spec
+    assert set(hyena_flavors) == {"debug", "153M"}
+    big = hyena_flavors["153M"]
+    assert (big.dim, big.n_layers) == (864, 18)
+
+
+def test_update_model_args_takes_vocab_and_covers_seq_len():
+    class Tok:
+        vocab_size = 777
+
+    class Training:
+        seq_len = 4096
+
+    class Job:
+        training = Training
+
+    args = update_model_args(hyena_flavors["debug"], Job, Tok)
+    assert (args.vocab_size, args.max_seq_len) == (777, 4096)
+
+
+def test_short_training_run_through_titan_lowers_the_loss(tmp_path):
+    records = train(["--training.steps", "25", "--optimizer.lr", "5e-3"], tmp_path)
+    assert records[-1]["step"] == 25
+    assert records[-1]["loss"] < records[0]["loss"] - 1.0
+    assert records[-1]["tps"] > 0
+
+
+def test_tensor_parallel_2_matches_one_process(tmp_path):
+    common = ["--training.steps", "3", "--training.local_batch_size", "2", "--debug.seed", "7"]
+    one = train(common, tmp_path / "one")
+    tp2 = train([*common, "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree",
+                 "1"], tmp_path / "tp2", nproc=2)
+    for a, b in zip(one, tp2, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)

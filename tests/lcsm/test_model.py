@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from lcsm.model import HyenaArgs, HyenaLM, flops_per_token, num_params
+
+ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = HyenaLM(ARGS).double()
+    m.init_weights()
+    return m
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, ARGS.vocab_size, (2, ARGS.max_seq_len), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("engine,options", [("lazy", {}), ("eager", {}), ("recompute", {}),
+                                            ("flash", {"tau": "fft", "block": 1}), ("flash", {})])
+@pytest.mark.parametrize("P", [1, 2, 11, 24])
+def test_prefill_then_decode_equals_parallel_forward(model, tokens, engine, options, P):
+    state = model.new_decode_state(engine, 2, **options)
+    logits = [model.prefill(tokens[:, :P], state)]
+    logits += [model.step(tokens[:, t], state)[:, None] for t in range(P, ARGS.max_seq_len)]
+    torch.testing.assert_close(torch.cat(logits, 1), model(tokens), rtol=0, atol=1e-10)
+
+
+def test_decode_from_the_first_token_without_prefill(model, tokens):
+    state = model.new_decode_state("flash", 2)
+    logits = torch.stack([model.step(tokens[:, t], state) for t in range(ARGS.max_seq_len)], 1)
+    torch.testing.assert_close(logits, model(tokens), rtol=0, atol=1e-10)
+
+
+def test_filter_depends_on_position_only(model):
+    f = model.layers["0"].mixer.filter
+    torch.testing.assert_close(f(10), f(24)[:, :10], rtol=0, atol=1e-15)
+    assert model.inference_filters().shape == (ARGS.n_layers * ARGS.order, ARGS.dim, ARGS.max_seq_len)
+
+
+def test_training_forward_backward_gives_every_parameter_a_gradient(model, tokens):
+    m = HyenaLM(ARGS)
+    m.init_weights()
+    loss = torch.nn.functional.cross_entropy(m(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_too_long_sequence_names_the_fix(model):
+    with pytest.raises(ValueError, match="larger max_seq_len"):
+        model(torch.zeros(1, ARGS.max_seq_len + 1, dtype=torch.long))
+
+
+def test_init_on_meta_then_to_empty(tokens):
+    with torch.device("meta"):
+        m = HyenaLM(ARGS)
+    m.to_empty(device="cpu")
+    m.init_weights()
+    assert torch.isfinite(m(tokens)).all()
+
+
+def test_flops_per_token_exceeds_six_times_parameters(model):
+    assert flops_per_token(model, ARGS, 24) > 6 * num_params(model, exclude_embedding=True)

@@ -1,0 +1,69 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lcsm.tau import TAUS, build_tau, triton_available
+
+
+def brute_force_tile(y_RBU, rho_RL):
+    R, B, U = y_RBU.shape
+    out = torch.zeros_like(y_RBU)
+    for m in range(U):
+        for k in range(U):
+            lag = U + m - k
+            if lag < rho_RL.shape[1]:
+                out[..., m] += y_RBU[..., k] * rho_RL[:, lag, None]
+    return out
+
+
+@pytest.mark.parametrize("name", ["direct", "fft", "conv1d", "hybrid"])
+@pytest.mark.parametrize("U", [1, 2, 8, 32])
+def test_tau_matches_brute_force(name, U):
+    gen = torch.Generator().manual_seed(U)
+    rho = torch.randn(6, 50, generator=gen, dtype=torch.float64)  # shorter than 2U for U = 32: zero lags beyond
+    y = torch.randn(6, 3, U, generator=gen, dtype=torch.float64)
+    tau = build_tau(name, rho)
+    tau.prepare(U)
+    torch.testing.assert_close(tau(y), brute_force_tile(y, rho), rtol=0, atol=1e-10)
+
+
+TRITON_CHECK = """
+import torch
+from lcsm.tau import build_tau
+gen = torch.Generator().manual_seed(0)
+rho = torch.randn(2, 40, generator=gen)
+fft, triton_tau = build_tau("fft", rho), build_tau("triton", rho)
+for U in (1, 4, 16):
+    y = torch.randn(2, 2, U, generator=gen)
+    fft.prepare(U)
+    triton_tau.prepare(U)
+    torch.testing.assert_close(triton_tau(y), fft(y), rtol=1e-5, atol=1e-5)
+"""
+
+
+def test_triton_tau_in_interpreter_matches_fft():
+    """Triton reads TRITON_INTERPRET when it is imported, hence a fresh process."""
+    pytest.importorskip("triton")
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_triton_without_support_names_the_fix(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if triton_available(torch.device("cpu")):
+        pytest.skip("Triton runs on this CPU")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        build_tau("triton", torch.randn(2, 8))
+
+
+def test_unknown_tau():
+    with pytest.raises(ValueError, match="unknown tau 'nope'; choose one of"):
+        build_tau("nope", torch.randn(2, 8))
+
+
+def test_registry_lists_every_tau():
+    assert set(TAUS) == {"direct", "fft", "conv1d", "triton", "hybrid"}
