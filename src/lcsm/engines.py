@@ -12,6 +12,8 @@ tensor ops vectorized over batch and channels.
 - flash:     Flash Inference tiling (see lcsm.tiles): O(L log^2 L) in all, with one tau call per tile for all slots.
 """
 
+import abc
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,7 @@ from lcsm.tau import Tau, build_tau
 from lcsm.tiles import flash_tile
 
 
-class OnlineConv:
+class OnlineConv(abc.ABC):
     name = ""
 
     def __init__(self, rho_GDL: torch.Tensor, batch: int):
@@ -72,11 +74,11 @@ class OnlineConv:
             self.pos += 1
         return z_DB.T
 
-    def _prefill_state(self, y_DBP: torch.Tensor, slot: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _prefill_state(self, y_DBP: torch.Tensor, slot: int) -> None: ...
 
-    def _step(self, y_DB: torch.Tensor, slot: int, t: int) -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _step(self, y_DB: torch.Tensor, slot: int, t: int) -> torch.Tensor: ...
 
 
 class LazyConv(OnlineConv):

@@ -5,6 +5,7 @@ the next U outputs: out[r, b, m] = sum_k y[r, b, k] * rho[r, U + m - k], which u
 The filter is fixed, so every implementation precomputes its filter side once per tile size in `prepare`.
 """
 
+import abc
 import os
 import time
 
@@ -20,7 +21,7 @@ def filter_lags(rho_RL: torch.Tensor, n: int) -> torch.Tensor:
     return rho_RL[:, :n] if L >= n else F.pad(rho_RL, (0, n - L))
 
 
-class Tau:
+class Tau(abc.ABC):
     """Base: rows' filters rho (R, L); subclasses fill `self.prepared[U]` and compute one tile in `__call__`."""
 
     name = ""
@@ -29,11 +30,11 @@ class Tau:
         self.rho_RL = rho_RL
         self.prepared: dict[int, torch.Tensor] = {}
 
-    def prepare(self, U: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def prepare(self, U: int) -> None: ...
 
-    def __call__(self, y_RBU: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def __call__(self, y_RBU: torch.Tensor) -> torch.Tensor: ...
 
 
 class DirectTau(Tau):
