@@ -13,6 +13,7 @@ import tomli
 
 from morphens.arch import Generator
 from morphens.data import DATASETS
+from titan.config.manager import check_toml_value, describe_type, field_docs, from_string
 
 
 @dataclass
@@ -147,41 +148,18 @@ def _sections() -> dict[str, type]:
 
 
 def _convert(tp: Any, value: Any, from_cli: bool) -> Any:
+    """titan's typed conversion, plus lists of tables (ensemble members), which only a file can give."""
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise ValueError(f"one of {', '.join(map(repr, typing.get_args(tp)))}")
-    if origin is list:
-        (elem,) = typing.get_args(tp)
-        if elem is dict:
-            if from_cli:
-                raise ValueError("a list of tables, set in the TOML file")
-            if not isinstance(value, list):
-                raise ValueError("a list of tables")
-            return value
-        items = [v for v in value.strip("[]").split(",") if v.strip()] if from_cli else value
-        if not isinstance(items, list):
-            raise ValueError(f"a list of {elem.__name__}")
-        return [_convert(elem, v, from_cli) for v in items]
-    if tp is bool:
-        if not from_cli and isinstance(value, bool):
-            return value
-        if from_cli and value.lower() in ("true", "false", "1", "0"):
-            return value.lower() in ("true", "1")
-        raise ValueError("true or false")
-    if tp in (int, float):
+    if origin is list and typing.get_args(tp)[0] is dict:
         if from_cli:
-            try:
-                return tp(value.strip())
-            except ValueError:
-                raise ValueError("an integer" if tp is int else "a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (tp is int and isinstance(value, float)):
-            raise ValueError("an integer" if tp is int else "a number")
-        return tp(value)
-    if not isinstance(value, str):
-        raise ValueError("a string")
-    return value
+            raise ValueError("a list of tables, set in the TOML file")
+        if not isinstance(value, list):
+            raise ValueError("a list of tables")
+        return value
+    try:
+        return from_string(tp, value) if from_cli else check_toml_value(tp, value)
+    except (ValueError, TypeError):
+        raise ValueError(describe_type(tp)) from None
 
 
 def load_config(path: str = "", overrides: list[tuple[str, str]] = ()) -> RunConfig:
@@ -216,8 +194,6 @@ def load_config(path: str = "", overrides: list[tuple[str, str]] = ()) -> RunCon
 
 def help_text() -> str:
     """Every `--section.key` with its type, default and docstring."""
-    from titan.config.manager import field_docs
-
     lines = []
     for section, cls in _sections().items():
         lines.append(f"\n[{section}]")

@@ -43,7 +43,7 @@ def _sections() -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
 
 
-def _describe(tp: Any) -> str:
+def describe_type(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
@@ -66,7 +66,7 @@ def _parse_scalar(tp: Any, raw: str) -> Any:
     return raw
 
 
-def _from_string(tp: Any, raw: str) -> Any:
+def from_string(tp: Any, raw: str) -> Any:
     """Converts a command-line string to the field's type."""
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -82,7 +82,7 @@ def _from_string(tp: Any, raw: str) -> Any:
     return _parse_scalar(tp, raw)
 
 
-def _check_toml_value(tp: Any, value: Any) -> Any:
+def check_toml_value(tp: Any, value: Any) -> Any:
     """Checks a TOML value against the field's type; ints are accepted where floats are expected."""
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -93,7 +93,7 @@ def _check_toml_value(tp: Any, value: Any) -> Any:
         (elem,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ValueError
-        return [_check_toml_value(elem, v) for v in value]
+        return [check_toml_value(elem, v) for v in value]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not tp:
@@ -112,9 +112,9 @@ def _assign(values: dict[str, dict[str, Any]], section: str, key: str, value: An
         )
     tp = hints[key]
     try:
-        converted = _from_string(tp, value) if from_cli else _check_toml_value(tp, value)
+        converted = from_string(tp, value) if from_cli else check_toml_value(tp, value)
     except (ValueError, TypeError):
-        raise ConfigError(f"{section}.{key} must be {_describe(tp)}, got {value!r}") from None
+        raise ConfigError(f"{section}.{key} must be {describe_type(tp)}, got {value!r}") from None
     values.setdefault(section, {})[key] = converted
 
 
@@ -154,7 +154,7 @@ def help_text() -> str:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"  --{section}.{f.name} ({_describe(hints[f.name])}, default {default!r})")
+            lines.append(f"  --{section}.{f.name} ({describe_type(hints[f.name])}, default {default!r})")
             lines.append(f"      {docs.get(f.name, '')}")
     return "\n".join(lines)
 
