@@ -22,6 +22,7 @@ from morphens.models import num_params
 from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
+from titan.config.manager import split_cli
 
 
 def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
@@ -192,22 +193,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def parse(argv: list[str]) -> RunConfig:
-    path, overrides, i = "", [], 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg[2:].partition("=")
-        if not arg.startswith("--") or not name:
-            raise ValueError(f"unexpected argument {arg!r}; options look like --section.key value")
-        if not eq:
-            if i + 1 >= len(argv):
-                raise ValueError(f"option {arg} needs a value")
-            value, i = argv[i + 1], i + 1
-        i += 1
-        if name == "config":
-            path = value
-        else:
-            overrides.append(("run.sizes" if name == "sizes" else name, value))
-    return load_config(path, overrides)
+    path, overrides = split_cli(argv)
+    return load_config(path, [("run.sizes" if name == "sizes" else name, value) for name, value in overrides])
 
 
 def main(argv: list[str] | None = None) -> int:

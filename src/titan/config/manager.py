@@ -159,10 +159,8 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> JobConfig:
-    """Parses `[--config PATH] [--section.key value | --section.key=value | --bool.flag]...`."""
-    argv = list(argv or [])
-    values: dict[str, dict[str, Any]] = {}
+def split_cli(argv: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """`[--config PATH] [--name value | --name=value | --bool.flag]...` -> (config path, [(name, raw value)])."""
     overrides: list[tuple[str, str]] = []
     config_path = ""
     i = 0
@@ -182,6 +180,13 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
             config_path = raw
         else:
             overrides.append((name, raw))
+    return config_path, overrides
+
+
+def parse_args(argv: list[str] | None = None) -> JobConfig:
+    """Parses `[--config PATH] [--section.key value | --section.key=value | --bool.flag]...`."""
+    config_path, overrides = split_cli(list(argv or []))
+    values: dict[str, dict[str, Any]] = {}
     if config_path:
         for section, table in _read_toml(config_path).items():
             if not isinstance(table, dict):
