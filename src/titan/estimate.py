@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from titan.config import ConfigError, parse_args
-from titan.config.manager import field_docs
+from titan.config.manager import describe_type, field_docs, from_string, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate_costs import GIB, Hardware, make_layout, rank_costs, step_estimate
@@ -33,26 +33,20 @@ MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
 
 def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
     """Takes the `--estimate.KEY VALUE` options out of argv; the rest is a training config."""
+    config_path, options = split_cli(argv)
     hints = typing.get_type_hints(Hardware)
-    values, rest, i = {}, [], 0
-    while i < len(argv):
-        name, eq, raw = argv[i].partition("=")
-        if not name.startswith("--estimate."):
-            rest.append(argv[i])
-            i += 1
+    values, rest = {}, ["--config", config_path] if config_path else []
+    for name, raw in options:
+        if not name.startswith("estimate."):
+            rest.append(f"--{name}={raw}")
             continue
-        key = name[len("--estimate."):]
+        key = name[len("estimate."):]
         if key not in hints:
             raise ConfigError(f"unknown key estimate.{key}; keys of [estimate]: {', '.join(hints)}")
-        if not eq:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"estimate.{key} needs a value")
-            raw, i = argv[i + 1], i + 1
-        i += 1
         try:
-            values[key] = hints[key](raw)
+            values[key] = from_string(hints[key], raw)
         except ValueError:
-            raise ConfigError(f"estimate.{key} must be {hints[key].__name__}, got {raw!r}") from None
+            raise ConfigError(f"estimate.{key} must be {describe_type(hints[key])}, got {raw!r}") from None
         if hints[key] is not str and values[key] <= 0 and key != "peak_tflops":
             raise ConfigError(f"estimate.{key} must be > 0, got {raw}")
     return rest, Hardware(**values)
