@@ -8,7 +8,6 @@ of the step-time model (`--estimate.*`, see `--help`) are not part of the traini
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import sys
@@ -27,8 +26,7 @@ from titan.estimate_costs import GIB, Hardware, make_layout, rank_costs, step_es
 from titan.estimate_layout import dry_run_rank, stage_ranges
 from titan.metrics.throughput import gpu_peak_tflops
 from titan.spec import get_model_spec
-
-MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
+from titan.trainer import resolve_model_args as trainer_resolve_model_args
 
 
 def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
@@ -53,20 +51,11 @@ def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
 
 
 def resolve_model_args(spec, job_config):
-    """The flavor with the config's overrides; the flavor's vocabulary stands in for the tokenizer."""
-    flavor = job_config.model.flavor
-    if flavor not in spec.flavors:
-        raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; known: {', '.join(spec.flavors)}")
-    args = copy.deepcopy(spec.flavors[flavor])
-    overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
-    if overrides:
-        try:
-            args = dataclasses.replace(args, **overrides)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"model overrides {overrides}: {e}") from None
-    if spec.update_model_args is not None:
-        args = spec.update_model_args(args, job_config, SimpleNamespace(vocab_size=args.vocab_size))
-    return args
+    """The flavor with the config's overrides, as the Trainer resolves it; the flavor's vocabulary stands in for
+    the tokenizer (a dry run loads none)."""
+    flavor_args = spec.flavors.get(job_config.model.flavor)
+    tokenizer = SimpleNamespace(vocab_size=getattr(flavor_args, "vocab_size", 0))
+    return trainer_resolve_model_args(spec, job_config, None, tokenizer)
 
 
 def check_layout(job_config, dims: ParallelDims, args) -> int:

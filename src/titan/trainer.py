@@ -58,7 +58,7 @@ def check_dump_folder_writable(folder: str) -> None:
 MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
 
 
-def _resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
+def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
     if model_args is None:
         flavor = job_config.model.flavor
         if flavor not in spec.flavors:
@@ -105,7 +105,7 @@ class Trainer:
 
         self.spec = model_spec or get_model_spec(job_config.model.name, job_config.model.spec)
         self.tokenizer = self.spec.build_tokenizer(job_config) if self.spec.build_tokenizer else None
-        self.model_args = _resolve_model_args(self.spec, job_config, model_args, self.tokenizer)
+        self.model_args = resolve_model_args(self.spec, job_config, model_args, self.tokenizer)
 
         training = job_config.training
         dp = self.parallel_dims.dp_degree
