@@ -44,6 +44,15 @@ def slow(session):
 
 
 @nox.session
+def elastic_trials(session):
+    """Kill-and-resume reliability: elastic runs with a rank SIGKILLed, one line per trial (PASSED = identical
+    losses to an uninterrupted run)."""
+    session.run(PY, "-m", "pytest", "-v", "-m", "slow", "--durations=0",
+                "tests/titan/checkpoint/test_recovery.py::test_killed_and_resumed_runs_match_an_uninterrupted_one",
+                *session.posargs)
+
+
+@nox.session
 def lint(session):
     session.run(PY, "-m", "ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
 
@@ -58,6 +67,12 @@ def train(session):
 def bench_titan(session):
     """Trainer vs a bare PyTorch loop, tokens/s ratio."""
     session.run(PY, "benchmarks/titan_overhead.py", *session.posargs)
+
+
+@nox.session
+def bench_comm(session):
+    """Comm bytes per step of each parallel layout (measured vs estimated) and step time vs FSDP, 4 gloo ranks."""
+    session.run(PY, "benchmarks/titan_comm.py", *session.posargs)
 
 
 @nox.session

@@ -233,9 +233,16 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
         shard_size, shard_inner = dims.dp_replicate, "dp_replicate"
     units = sum(len(p.block_params) + (p.root_params > 0) for p in info.parts)
     gather_rounds = lay.accum * (lay.microbatches if dims.pp_enabled and lay.reshard_after_forward else 1)
-    gathers = gather_rounds * (2 if lay.reshard_after_forward else 1) * units
+    gathered = unsharded
+    gathers = gather_rounds * units
+    if lay.reshard_after_forward:
+        # apply_fsdp keeps each part's last block gathered after forward: backward gathers the others again.
+        kept = [p.block_params[-1] for p in info.parts if p.block_params]
+        gathered += unsharded - sum(kept)
+        gathers += gather_rounds * (units - len(kept))
     syncs = (lay.accum if dims.pp_enabled else 1) * units
-    col.add("fsdp", shard_inner, shard_size, "all_gather", gathers, unsharded * lay.param_bytes / units, True)
+    col.add("fsdp", shard_inner, shard_size, "all_gather", gathers,
+            gather_rounds * gathered * lay.param_bytes / gathers, True)
     col.add("fsdp", shard_inner, shard_size, "reduce_scatter", syncs, unsharded * lay.reduce_bytes / units, True)
     if dims.fsdp_enabled and dims.dp_replicate > 1:
         col.add("hsdp", "dp_replicate", dims.dp_replicate, "all_reduce", syncs, local * lay.reduce_bytes / units,

@@ -10,12 +10,19 @@ Scales are rounded down to powers of two: dequantized float8 values are then exa
 emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up to summation order.
 `_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
 exists but is 6-7x slower than a bf16 matmul, and on DTensor weights (tensor parallel), we emulate.
+
+With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight): each shard is
+quantized with the scale of the global amax, and the gathered weight is dequantized into the compute dtype,
+exactly, so the matmul's own quantization of it loses nothing more.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from titan.metrics.logging import logger
@@ -27,11 +34,14 @@ GRAD_DTYPES = {"tensorwise": E5M2, "rowwise": E4M3}
 FP8_ALIGNMENT = 16
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Casts `t` to float8 with its absolute max (whole tensor, or per slice along `dim`) scaled to the
-    format's max; returns the float8 tensor and the fp32 inverse scale that dequantizes it."""
+def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None = None,
+             amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Casts `t` to float8 with its absolute max (whole tensor, or per slice along `dim`; or `amax` when given,
+    e.g. that of all shards) scaled to the format's max; returns the float8 tensor and the fp32 inverse scale
+    that dequantizes it."""
     fp8_max = torch.finfo(dtype).max
-    amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
+    if amax is None:
+        amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
     scale = torch.exp2(torch.floor(torch.log2(fp8_max / amax.float().clamp(min=1e-12))))
     t8 = (t.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
     return t8, scale.reciprocal()
@@ -113,6 +123,93 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}, scaled_mm={self.use_scaled_mm}"
+
+
+# The ops FSDP2 uses to shard, pad, copy and move a parameter: their results stay wrapped, so the sharded
+# local tensor keeps the all-gather hooks. Every other op (optimizer, init, state dict) sees the plain tensor.
+_KEEP_WRAPPER = {
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.new_zeros.default,
+    torch.ops.aten.slice.Tensor,
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.view.default,
+    torch.ops.aten.as_strided.default,
+    torch.ops.aten._to_copy.default,
+    torch.ops.aten._pin_memory.default,
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.clone.default,
+}
+
+
+class Float8AllGatherWeight(torch.Tensor):
+    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks."""
+
+    @staticmethod
+    def __new__(cls, tensor: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tensor.size(), strides=tensor.stride(), storage_offset=tensor.storage_offset(), dtype=tensor.dtype,
+            layout=tensor.layout, device=tensor.device, requires_grad=tensor.requires_grad,
+        )
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            return cls(args[0]._tensor)
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, cls, out) if func in _KEEP_WRAPPER else out
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        return Float8AllGatherWeight(inner_tensors["_tensor"])
+
+    def __repr__(self) -> str:
+        return f"Float8AllGatherWeight({self._tensor})"
+
+    def __reduce_ex__(self, protocol):
+        # Checkpoints hold the plain weight: loadable with weights_only=True and by runs without this feature.
+        return self._tensor.__reduce_ex__(protocol)
+
+    def fsdp_pre_all_gather(self, mesh: DeviceMesh, outer_size: torch.Size, outer_stride, module, mp_policy):
+        # One tensorwise scale for the whole weight: the max of the shards' amax (a shard may be empty).
+        amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        data, inv_scale = quantize(self._tensor, E4M3, amax=amax)
+        rows = -(-outer_size[0] // mesh.size())
+        if data.shape[0] < rows:
+            # FSDP pads the last shards of an unevenly divided weight; its all-gather inputs must match.
+            data = torch.cat([data, data.new_zeros(rows - data.shape[0], *data.shape[1:])])
+        # Gloo has no float8 collectives: bytes travel as uint8.
+        return (data.view(torch.uint8),), (inv_scale,)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype: torch.dtype, *,
+                             out: torch.Tensor | None = None):
+        (data,), (inv_scale,) = all_gather_outputs, metadata
+        # Power-of-two scales: exact in bf16, and Float8Linear re-quantizes it without further loss.
+        weight = (data.view(E4M3).float() * inv_scale).to(param_dtype)
+        if out is None:
+            return weight, (weight,)
+        # The unsharded parameter is refilled in place; autograd must not see a modification.
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
+            out.copy_(weight[: out.shape[0]])
+        return None
+
+
+def enable_float8_all_gather(model: nn.Module) -> int:
+    """Wraps the weights of `model`'s Float8Linear modules so FSDP2 all-gathers them in float8 (call before
+    fully_shard); returns how many."""
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            module.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data), module.weight.requires_grad)
+            wrapped += 1
+    return wrapped
 
 
 def is_float8_eligible(fqn: str, linear: nn.Linear, skip_fqns: tuple[str, ...] = ("output",)) -> bool:

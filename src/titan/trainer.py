@@ -19,7 +19,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
 from titan.config import JobConfig, to_toml
 from titan.debug import fault_point
-from titan.distributed import TORCH_DTYPES, ParallelDims
+from titan.distributed import TORCH_DTYPES, ParallelDims, compile_loss
+from titan.distributed.comm_stats import counted_step
 from titan.distributed.pipeline import (
     build_schedule,
     microbatch_count,
@@ -28,12 +29,19 @@ from titan.distributed.pipeline import (
     stage_layer_ranges,
     stages_per_rank,
 )
-from titan.distributed.runtime import init_distributed, set_default_threads, world_size_from_env
+from titan.distributed.runtime import (
+    device_type,
+    init_distributed,
+    set_default_threads,
+    set_pg_timeouts,
+    world_size_from_env,
+)
 from titan.distributed.utils import clip_grad_norm_
 from titan.metrics.logger import MetricsLogger
 from titan.metrics.logging import init_logger, logger
 from titan.metrics.throughput import device_peak_tflops, peak_memory_gib
 from titan.optim import build_lr_scheduler, build_optimizer
+from titan.profiling import StepProfiler
 from titan.spec import ModelSpec, get_model_spec
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
@@ -88,22 +96,31 @@ class Trainer:
     """Builds on meta -> parallelize -> to_empty + init -> AdamW -> train loop with accumulation and clipping."""
 
     def __init__(self, job_config: JobConfig, model_spec: ModelSpec | None = None, model_args: Any = None,
-                 initial_state_dict: dict[str, torch.Tensor] | None = None):
+                 initial_state_dict: dict[str, torch.Tensor] | None = None, solo: bool = False):
+        """`solo`: train on this process alone (world size 1, no collectives) inside a multi-rank job that has
+        already joined its process group, e.g. one ensemble member per rank."""
         init_logger()
         self.config = job_config
         self.dump_folder = job_config.dump_folder
         check_dump_folder_writable(self.dump_folder)
-        world_size = world_size_from_env()
+        world_size = 1 if solo else world_size_from_env()
         # Layout errors come before process-group creation so a bad config fails fast and alike on every rank.
         self.parallel_dims = ParallelDims.from_config(job_config.parallelism, world_size)
         self._check_supported()
-        self.device = init_distributed(job_config.comm.init_timeout_seconds)
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        if solo and job_config.checkpoint.enable:
+            raise ValueError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
+        self.device = init_distributed(job_config.comm.init_timeout_seconds, job_config.comm.trace_buf_size,
+                                       job_config.debug.distributed_debug, self.dump_folder)
+        self.rank = dist.get_rank() if dist.is_initialized() and not solo else 0
         self.threads = set_default_threads(job_config.debug.threads)
         self.parallel_dims.build_mesh(self.device.type)
+        if self.parallel_dims.world_size > 1:
+            # Mesh groups are created with the backend's default timeout (30 min on gloo): use ours until step 1.
+            set_pg_timeouts(job_config.comm.init_timeout_seconds, self.parallel_dims.world_mesh)
         self._seed(job_config.debug)
 
         self.spec = model_spec or get_model_spec(job_config.model.name, job_config.model.spec)
+        self.loss_fn = compile_loss(self.spec.loss_fn, job_config.compile)
         self.tokenizer = self.spec.build_tokenizer(job_config) if self.spec.build_tokenizer else None
         self.model_args = resolve_model_args(self.spec, job_config, model_args, self.tokenizer)
 
@@ -165,6 +182,8 @@ class Trainer:
         self.dataloader = self.spec.build_dataloader(job_config, self.dp_rank, dp, self.tokenizer, "train")
 
         self.step = 0
+        # Training seconds of this run over all its sessions: checkpoints carry it, so metrics' elapsed_s goes on.
+        self.elapsed_s = 0.0
         self.consecutive_skips = 0
         self._data_iter = None
         self.history: list[dict[str, Any]] = []
@@ -179,6 +198,7 @@ class Trainer:
                                                   self._train_state())
         if state is not None:
             self.step = state.get("step", 0)
+            self.elapsed_s = state.get("elapsed_ms", 0) / 1000
             loader_keys = set(self.dataloader.state_dict())
             if "dataloader" not in job_config.checkpoint.exclude_from_loading and loader_keys <= set(state):
                 self.dataloader.load_state_dict({k: state[k] for k in loader_keys})
@@ -209,7 +229,7 @@ class Trainer:
 
     def _pipeline_loss(self, pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Gradients sum over microbatches and accumulation steps: scale each loss to get their mean.
-        return self.spec.loss_fn(pred, labels) / self.pp_loss_scale
+        return self.loss_fn(pred, labels) / self.pp_loss_scale
 
     def _full_initial_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights a single process would initialize, built on this rank's CPU."""
@@ -229,6 +249,15 @@ class Trainer:
                              f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
         if cfg.comm.mode == "fake":
             raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
+        if cfg.parallelism.enable_async_tensor_parallel:
+            if device_type() != "cuda":
+                raise ValueError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
+                                 "on the CPU drop --parallelism.enable_async_tensor_parallel")
+            if not pd.tp_enabled:
+                raise ValueError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+            if not (cfg.compile.enable and "model" in cfg.compile.components):
+                raise ValueError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
+                                 "with 'model' in compile.components")
 
     @staticmethod
     def _seed(debug) -> None:
@@ -260,7 +289,7 @@ class Trainer:
 
     def _all_reduce_mean(self, values: torch.Tensor) -> torch.Tensor:
         """Mean over the ranks that hold the values: all ranks, or under pipeline parallel the last stages."""
-        if dist.is_initialized():
+        if self.parallel_dims.world_size > 1:
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
             holders = dist.get_world_size() // self.parallel_dims.pp
             values /= holders
@@ -279,7 +308,7 @@ class Trainer:
         with self._cp_context(inputs, labels), self._loss_context():
             with self._autocast():
                 pred = self.model(inputs)
-                loss = self.spec.loss_fn(pred, labels)
+                loss = self.loss_fn(pred, labels)
                 if fault_point("nan", self.step + 1):
                     loss = loss * float("nan")
             (loss / self.grad_accum_steps).backward()
@@ -301,7 +330,8 @@ class Trainer:
             for part in self.model_parts:
                 if hasattr(part, "set_requires_gradient_sync"):
                     part.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
-            loss, pred = self._forward_backward(inputs, labels)
+            with torch.autograd.set_detect_anomaly(self.config.debug.detect_anomaly):
+                loss, pred = self._forward_backward(inputs, labels)
             loss_sum += loss
             if self.spec.metrics_fn is not None and pred is not None:
                 with torch.no_grad():
@@ -356,7 +386,7 @@ class Trainer:
         inputs, labels = inputs.clone(), labels.clone()
         with self._cp_context(inputs, labels), self._loss_context(), self._autocast():
             pred = self.model(inputs)
-            values = {"loss": self.spec.loss_fn(pred, labels).float()}
+            values = {"loss": self.loss_fn(pred, labels).float()}
             if self.spec.metrics_fn is not None:
                 values.update({k: v.float() for k, v in self.spec.metrics_fn(pred, labels).items()})
         return {k: _replicated_value(v) for k, v in values.items()}
@@ -393,8 +423,8 @@ class Trainer:
         self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, self._train_state())
 
     def _train_state(self) -> dict[str, int]:
-        """Step and data position: plain integers, the same on every layout."""
-        state = {"step": self.step, **self.dataloader.state_dict()}
+        """Step, elapsed time and data position: plain integers, the same on every layout."""
+        state = {"step": self.step, "elapsed_ms": round(self.elapsed_s * 1000), **self.dataloader.state_dict()}
         return {k: v for k, v in state.items() if isinstance(v, int)}
 
     def save_seed_checkpoint(self) -> None:
@@ -420,15 +450,31 @@ class Trainer:
             f"rank(s) ({self.device.type}, {self.threads} threads), global batch {self.global_batch_size} "
             f"x seq {cfg.training.seq_len}, accumulation {self.grad_accum_steps}, dump folder {self.dump_folder}"
         )
+        if cfg.debug.detect_anomaly:
+            logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
+                        "forward tracebacks; every step runs slower")
+        with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler:
+            return self._train_steps(total, profiler)
+
+    def _train_steps(self, total: int, profiler: StepProfiler) -> list[dict[str, Any]]:
+        cfg = self.config
         if self._data_iter is None:
             self._data_iter = iter(self.dataloader)
         data_iter = self._data_iter
-        start = time.perf_counter()
-        window_start, window_tokens, window_steps = start, 0, 0
+        window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
+        start = window_start - self.elapsed_s
+        # Only a trainer that owns the process group changes its timeouts (not one solo member of a larger job).
+        owns_group = dist.is_initialized() and dist.get_world_size() == self.parallel_dims.world_size
+        first_step = self.step + 1
         while self.step < total:
             fault_point("step", self.step + 1)
-            out = self.train_step(data_iter)
+            out = (counted_step(lambda: self.train_step(data_iter), self.parallel_dims) if cfg.metrics.comm_stats
+                   else self.train_step(data_iter))
             self.step += 1
+            if owns_group and self.step == first_step:
+                mesh = self.parallel_dims.world_mesh if self.parallel_dims.world_size > 1 else None
+                set_pg_timeouts(cfg.comm.train_timeout_seconds, mesh)
+            self.elapsed_s = time.perf_counter() - start
             window_tokens += out["tokens"]
             window_steps += 1
             validate = cfg.validation.enable and (self.step % cfg.validation.freq == 0 or self.step == total)
@@ -447,7 +493,7 @@ class Trainer:
                     "tflops": tflops,
                     "mfu": 100.0 * tflops / self.peak_tflops if self.peak_tflops else None,
                     "memory_gib": peak_memory_gib(self.device),
-                    "elapsed_s": now - start,
+                    "elapsed_s": self.elapsed_s,
                     **{k: v for k, v in out.items() if k not in ("loss", "grad_norm", "tokens")},
                 }
                 if validate:
@@ -459,6 +505,7 @@ class Trainer:
             if self.checkpointer.should_save(self.step, total):
                 self.save_checkpoint(last=self.step == total)
                 window_start = time.perf_counter()
+            profiler.step(self.step)
         return self.history
 
     def close(self) -> None:

@@ -35,6 +35,12 @@ def test_exit_code_and_stderr_of_the_real_process(tmp_path):
         (["--training.dataset", "some/hub-dataset"], "use --model.tokenizer llama3"),
         (["--float8.recipe", "columnwise"], "float8.recipe must be one of"),
         (["--training.global_batch_size", "3"], "not a multiple of local_batch_size"),
+        (["--compile.components", "model,graph"], "compile.components must be a list, each one of 'model', 'loss'"),
+        (["--parallelism.enable_async_tensor_parallel", "true", "--compile.enable"],
+         "needs CUDA (symmetric memory); on the CPU drop --parallelism.enable_async_tensor_parallel"),
+        (["--float8.enable_fsdp_float8_all_gather", "true"], "needs --float8.enable"),
+        (["--float8.enable", "--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather", "true"],
+         "needs float8.recipe = 'tensorwise'"),
     ],
 )
 def test_user_mistakes(tmp_path, capsys, args, fragment):
@@ -44,6 +50,25 @@ def test_user_mistakes(tmp_path, capsys, args, fragment):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
     assert not dump.exists()
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--compile.enable"], "needs tensor_parallel_degree > 1"),
+        (["--parallelism.tensor_parallel_degree", "2"], "add --compile.enable with 'model' in compile.components"),
+        (["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "--compile.components", "loss"],
+         "add --compile.enable with 'model' in compile.components"),
+    ],
+)
+def test_async_tensor_parallel_needs_tp_and_a_compiled_model(tmp_path, capsys, monkeypatch, args, fragment):
+    # As on a CUDA host with 2 ranks; the checks come before any process group or device is touched.
+    monkeypatch.setattr("titan.trainer.device_type", lambda: "cuda")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["--parallelism.enable_async_tensor_parallel", "true", *args,
+                 "--job.dump_folder", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
 
 
 def test_malformed_toml(tmp_path):

@@ -173,6 +173,8 @@ class Parallelism:
     """Context (sequence) parallel degree for attention."""
     enable_loss_parallel: bool = True
     """With TP: compute the loss on vocabulary-sharded logits."""
+    enable_async_tensor_parallel: bool = False
+    """With TP on CUDA: overlap TP collectives with matmuls (compiler micro-pipelining; needs compile.enable)."""
 
     def __post_init__(self) -> None:
         _positive(
@@ -239,10 +241,32 @@ class Metrics:
     """Write <dump_folder>/metrics.jsonl."""
     cpu_peak_tflops: float = 0.0
     """Peak TFLOP/s used for MFU on a CPU (0 = measure a bf16 matmul once and cache it)."""
+    comm_stats: bool = False
+    """Count each step's collectives and log their payload bytes per kind:group as comm_bytes (slows steps)."""
 
     def __post_init__(self) -> None:
         _positive("metrics", log_freq=self.log_freq)
         _non_negative("metrics", cpu_peak_tflops=self.cpu_peak_tflops)
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Write a torch.profiler chrome trace of every profile_freq-th step (open in Perfetto or chrome://tracing)."""
+    save_traces_folder: str = "profile_traces"
+    """Trace folder, relative to job.dump_folder: iteration_<step>/rank<r>_trace.json."""
+    profile_freq: int = 10
+    """Profile every N-th step (after a few warm-up steps)."""
+    enable_memory_snapshot: bool = False
+    """CUDA: allocator history snapshots every profile_freq steps and on OOM; CPU: per-step RSS and op memory."""
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Memory snapshot folder, relative to job.dump_folder."""
+
+    def __post_init__(self) -> None:
+        _positive("profiling", profile_freq=self.profile_freq)
+        for key in ("save_traces_folder", "save_memory_snapshot_folder"):
+            if not getattr(self, key):
+                raise ValueError(f"profiling.{key} must name a folder under job.dump_folder, got ''")
 
 
 @dataclass
@@ -278,9 +302,16 @@ class ActivationCheckpoint:
 @dataclass
 class Compile:
     enable: bool = False
-    """torch.compile each block (and the loss)."""
+    """torch.compile what compile.components names."""
     backend: str = "inductor"
     """torch.compile backend."""
+    components: list[Literal["model", "loss"]] = field(default_factory=lambda: ["model"])
+    """What to compile: model (each transformer block) and/or loss (the spec's loss function)."""
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.components if c not in ("model", "loss")]
+        if unknown or not self.components:
+            raise ValueError(f"compile.components must name model and/or loss, got {self.components}")
 
 
 @dataclass
@@ -289,6 +320,15 @@ class Float8:
     """Train linear layers in float8."""
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """Scaling granularity."""
+    enable_fsdp_float8_all_gather: bool = False
+    """With FSDP: all-gather float8 linear weights in float8 (half of bf16's bytes); tensorwise recipe only."""
+
+    def __post_init__(self) -> None:
+        if self.enable_fsdp_float8_all_gather and not self.enable:
+            raise ValueError("float8.enable_fsdp_float8_all_gather needs --float8.enable")
+        if self.enable_fsdp_float8_all_gather and self.recipe != "tensorwise":
+            raise ValueError("float8.enable_fsdp_float8_all_gather needs float8.recipe = 'tensorwise' (a rowwise "
+                             "weight is scaled per row of each matmul, not once for the all-gather)")
 
 
 @dataclass
@@ -301,9 +341,11 @@ class Comm:
     """Timeout of process-group creation and the first step's collectives."""
     train_timeout_seconds: int = 100
     """Collective timeout after the first step."""
+    trace_buf_size: int = 20000
+    """NCCL flight recorder: collectives kept per rank, dumped to <dump_folder>/comm_traces on a timeout (0 = off)."""
 
     def __post_init__(self) -> None:
-        _non_negative("comm", world_size=self.world_size)
+        _non_negative("comm", world_size=self.world_size, trace_buf_size=self.trace_buf_size)
         _positive("comm", init_timeout_seconds=self.init_timeout_seconds,
                   train_timeout_seconds=self.train_timeout_seconds)
 
@@ -319,6 +361,10 @@ class Debug:
     full_init: bool = True
     """Initialize the whole model on rank 0's CPU and broadcast it, so every layout starts from the weights one
     process would use (skipped above 2B parameters: use a seed checkpoint there)."""
+    distributed_debug: Literal["off", "info", "detail"] = "off"
+    """TORCH_DISTRIBUTED_DEBUG for the process groups: detail checks that ranks call matching collectives."""
+    detect_anomaly: bool = False
+    """Autograd anomaly detection: name the backward op that produced a NaN (slows every step)."""
 
     def __post_init__(self) -> None:
         _non_negative("debug", seed=self.seed, threads=self.threads)
@@ -334,6 +380,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)

@@ -47,7 +47,7 @@ def describe_type(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
-        return f"a list of {typing.get_args(tp)[0].__name__}"
+        return f"a list, each {describe_type(typing.get_args(tp)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
 
 
@@ -78,7 +78,7 @@ def from_string(tp: Any, raw: str) -> Any:
     if origin is list:
         (elem,) = typing.get_args(tp)
         text = raw.strip().strip("[]")
-        return [_parse_scalar(elem, item.strip().strip("'\"")) for item in text.split(",") if item.strip()]
+        return [from_string(elem, item.strip().strip("'\"")) for item in text.split(",") if item.strip()]
     return _parse_scalar(tp, raw)
 
 

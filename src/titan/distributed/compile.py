@@ -1,6 +1,8 @@
-"""Per-block torch.compile: blocks are identical, so one compiled graph serves them all."""
+"""torch.compile per block (blocks are identical, so one compiled graph serves them all) and of the loss."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -9,8 +11,16 @@ from titan.metrics.logging import logger
 
 
 def apply_compile(model: nn.Module, compile_config) -> None:
-    if not compile_config.enable:
+    if not (compile_config.enable and "model" in compile_config.components):
         return
     for name, block in list(model.layers.named_children()):
         model.layers.register_module(name, torch.compile(block, backend=compile_config.backend, fullgraph=True))
     logger.info(f"compiled {len(model.layers)} blocks with torch.compile({compile_config.backend})")
+
+
+def compile_loss(loss_fn: Callable, compile_config) -> Callable:
+    """The loss function, compiled when compile.components names it."""
+    if not (compile_config.enable and "loss" in compile_config.components):
+        return loss_fn
+    logger.info(f"compiled the loss with torch.compile({compile_config.backend})")
+    return torch.compile(loss_fn, backend=compile_config.backend)

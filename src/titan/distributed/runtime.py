@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from titan.metrics.logging import logger
 
@@ -35,7 +37,38 @@ def _elastic_store_kwargs(timeout_seconds: int) -> dict:
             "world_size": world_size_from_env()}
 
 
-def init_distributed(timeout_seconds: int = 300) -> torch.device:
+def process_group_env(backend: str, trace_buf_size: int, distributed_debug: str, dump_folder: str) -> dict[str, str]:
+    """The variables c10d reads when it creates process groups: the NCCL flight recorder and the debug level."""
+    env = {}
+    if trace_buf_size > 0 and backend == "nccl":
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(trace_buf_size)
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+        # The recorder appends the rank to this prefix.
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(dump_folder, "comm_traces", "rank_").absolute())
+    if distributed_debug != "off":
+        env["TORCH_DISTRIBUTED_DEBUG"] = distributed_debug.upper()
+    return env
+
+
+def apply_env(env: dict[str, str]) -> dict[str, str]:
+    """Sets the variables the user has not set (theirs win), logs both kinds and returns the ones it set."""
+    ours = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(ours)
+    if ours:
+        logger.info("process-group environment: " + " ".join(f"{k}={v}" for k, v in ours.items()))
+    for key, value in env.items():
+        if key not in ours and os.environ[key] != value:
+            logger.info(f"{key}={os.environ[key]} from the environment wins over the config's {value}")
+    if "TORCH_DISTRIBUTED_DEBUG" in ours:
+        # c10d reads the debug level when torch.distributed is imported, long before this point.
+        dist.set_debug_level_from_env()
+    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" in ours:
+        Path(ours["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]).parent.mkdir(parents=True, exist_ok=True)
+    return ours
+
+
+def init_distributed(timeout_seconds: int = 300, trace_buf_size: int = 0, distributed_debug: str = "off",
+                     dump_folder: str = ".") -> torch.device:
     """Joins the process group that torchrun described (idempotent) and returns this rank's device.
 
     A plain `python -m ...` (no torchrun variables) runs as world size 1 with no process group.
@@ -46,6 +79,9 @@ def init_distributed(timeout_seconds: int = 300) -> torch.device:
     if dev == "cuda":
         torch.cuda.set_device(device)
     if world_size_from_env() > 1 and not dist.is_initialized():
+        if trace_buf_size > 0 and backend_for(dev) != "nccl":
+            logger.info("comm.trace_buf_size: the flight recorder dumps on NCCL timeouts only; off on gloo")
+        apply_env(process_group_env(backend_for(dev), trace_buf_size, distributed_debug, dump_folder))
         dist.init_process_group(
             backend=backend_for(dev),
             timeout=timedelta(seconds=timeout_seconds),
@@ -54,6 +90,26 @@ def init_distributed(timeout_seconds: int = 300) -> torch.device:
         )
         logger.info(f"joined process group: backend={backend_for(dev)} world={dist.get_world_size()}")
     return device
+
+
+def set_pg_timeouts(timeout_seconds: int, mesh: DeviceMesh | None) -> list[dist.ProcessGroup]:
+    """Gives the default group and every group of `mesh` a new collective timeout; returns those groups.
+
+    The first step (compilation, allocation, checkpoint loading) runs under the long init timeout; after it a
+    hung collective should fail fast.
+    """
+    # A rank still in its first step must not meet a peer's collective under the shorter timeout.
+    dist.barrier()
+    groups = [dist.group.WORLD]
+    if mesh is not None:
+        groups += mesh.get_all_groups()
+        # Flattened views (dp, dp_shard_cp, dp_cp) have groups of their own, kept by name on the root mesh.
+        groups += [mesh.get_group(name) for name in mesh._flatten_mapping]
+    unique = list({id(g): g for g in groups}.values())
+    for group in unique:
+        dist.set_timeout(timedelta(seconds=timeout_seconds), group)
+    logger.info(f"collective timeout now {timeout_seconds} s on {len(unique)} process group(s)")
+    return unique
 
 
 def set_default_threads(requested: int) -> int:

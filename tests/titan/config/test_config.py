@@ -57,6 +57,10 @@ def test_type_conversion_of_overrides():
         (["--checkpoint.exclude_from_loading", "weights"], "unknown ['weights']"),
         (["training.steps", "3"], "unexpected argument"),
         (["--steps", "3"], "must look like --section.key"),
+        (["--profiling.profile_freq", "-2"], "profiling.profile_freq must be > 0"),
+        (["--profiling.save_traces_folder", ""], "profiling.save_traces_folder must name a folder"),
+        (["--debug.distributed_debug", "verbose"], "one of 'off', 'info', 'detail'"),
+        (["--comm.trace_buf_size", "-1"], "comm.trace_buf_size must be >= 0"),
     ],
 )
 def test_bad_cli_values_raise_one_line(argv, fragment):

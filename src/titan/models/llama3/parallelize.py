@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -14,7 +16,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
-from titan.float8 import apply_float8
+from titan.float8 import apply_float8, enable_float8_all_gather
 from titan.metrics.logging import logger
 
 
@@ -48,6 +50,29 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     logger.info(f"applied tensor + sequence parallel (degree {tp_mesh.size()}, loss parallel {loss_parallel})")
 
 
+def apply_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Lets inductor's micro-pipeline pass split TP all-gather/reduce-scatter + matmul pairs into overlapped chunks."""
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    # Deprecated as "no longer needed" in torch 2.14, yet the pass still skips groups that
+    # is_symm_mem_enabled_for_group() does not know, and only this call registers one.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    logger.info("async tensor parallel: symmetric memory on the TP group, inductor micro-pipelining on")
+
+
+def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
+    if parallel_dims.tp_enabled:
+        raise ValueError("float8.enable_fsdp_float8_all_gather with tensor parallel is not supported; drop one")
+    if not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled):
+        logger.info("float8 all-gather: no FSDP on this layout, nothing to gather")
+        return
+    logger.info(f"float8 all-gather: {enable_float8_all_gather(model)} weights will be all-gathered in float8")
+
+
 def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
@@ -56,8 +81,13 @@ def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
         kv = args.n_kv_heads or args.n_heads
         if args.n_heads % tp or kv % tp:
             raise ValueError(f"tensor_parallel_degree {tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
-        apply_tp(model, parallel_dims.world_mesh["tp"], job_config.parallelism.enable_loss_parallel)
+        tp_mesh = parallel_dims.world_mesh["tp"]
+        apply_tp(model, tp_mesh, job_config.parallelism.enable_loss_parallel)
+        if job_config.parallelism.enable_async_tensor_parallel:
+            apply_async_tp(tp_mesh)
     apply_ac(model, job_config.activation_checkpoint)
     apply_compile(model, job_config.compile)
+    if job_config.float8.enable_fsdp_float8_all_gather:
+        apply_float8_all_gather(model, parallel_dims)
     apply_data_parallel(model, parallel_dims, job_config)
     return model
