@@ -21,9 +21,14 @@ TINY = [
 ]
 
 
-def run_train(args, nproc=1, check=True, timeout=300, module="titan.train"):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    if nproc == 1:
+def run_train(args, nproc=1, check=True, timeout=300, module="titan.train", fault="", max_restarts=0):
+    """`fault`: TITAN_FAULT for the run; `max_restarts` > 0: an elastic torchrun job that restarts failed workers."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TITAN_FAULT": fault}
+    if max_restarts:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+               "-m", module, *args]
+    elif nproc == 1:
         cmd = [sys.executable, "-m", module, *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",

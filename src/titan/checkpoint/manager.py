@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titan.checkpoint.safe_reader import SafeFileSystemReader, data_file_sizes, verify_checkpoint
+from titan.checkpoint.safe_reader import SafeFileSystemReader, data_file_sizes, load_metadata, verify_checkpoint
 from titan.debug import fault_point
 from titan.metrics.logging import logger
 
@@ -189,7 +189,8 @@ class CheckpointManager:
         return manifest
 
     def load(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int]:
-        """Restores the states in place and returns the train state, whose keys `train_state` gives."""
+        """Restores the states in place and returns the train state: the keys of `train_state` that the
+        checkpoint holds."""
         path = self.folder / f"step-{step}"
         try:
             manifest = self._check_usable(path)
@@ -207,6 +208,10 @@ class CheckpointManager:
         wanted -= set(self.config.exclude_from_loading)
         state = self._state(parts, optimizers, lr_schedulers, train_state)
         state = {k: v for k, v in state.items() if k in wanted}
+        if "train_state" in state:
+            # Counters added after the checkpoint was written are not in it: the caller keeps its defaults.
+            saved = set(load_metadata(path).state_dict_metadata)
+            state["train_state"] = {k: v for k, v in state["train_state"].items() if f"train_state.{k}" in saved}
         try:
             dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
         except Exception as e:  # DCP wraps rank failures in its own exception types

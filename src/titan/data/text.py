@@ -12,7 +12,9 @@ import hashlib
 import importlib.util
 import json
 import os
+from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,15 @@ def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: s
     return np.load(path, mmap_mode="r")
 
 
+def check_seq_len(state: dict[str, Any], seq_len: int) -> None:
+    """Saved data positions count blocks of the saved seq_len; they mean nothing for another one."""
+    if int(state["seq_len"]) != seq_len:
+        raise ValueError(
+            f"the checkpoint's data positions are in blocks of seq_len {state['seq_len']}, this run uses "
+            f"{seq_len}; resume with the same training.seq_len or exclude 'dataloader' from loading"
+        )
+
+
 class PackedTextLoader:
     """Yields this rank's (inputs, labels) micro-batches of one global stream of packed blocks.
 
@@ -170,52 +181,75 @@ class PackedTextLoader:
         return {"sample_position": self.position, "seq_len": self.seq_len, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if int(state["seq_len"]) != self.seq_len:
-            raise ValueError(
-                f"the checkpoint's data positions are in blocks of seq_len {state['seq_len']}, this run uses "
-                f"{self.seq_len}; resume with the same training.seq_len or exclude 'dataloader' from loading"
-            )
+        check_seq_len(state, self.seq_len)
         self.position = int(state["sample_position"])
 
 
 class StreamingTextLoader:
-    """Packs a streamed dataset (e.g. from the hub) into blocks; documents are split across dp ranks.
+    """Packs a streamed dataset (e.g. from the hub) into one global stream of blocks, split as PackedTextLoader's.
 
-    State = the stream's own position plus the tokens already read but not yet emitted, so a resume on the
-    same layout continues with the very next token.
+    The documents' tokens form one stream cut into `seq_len + 1`-token rows (overlapping by one token); global
+    batch g is the next `dp_degree * local_batch_size` rows and rank r takes its slice of them. So every rank
+    reads and tokenizes the whole stream (the price of a state that does not depend on the layout), and the
+    state is the global row position plus where that row starts in the stream (document index and token
+    offset): plain integers, so a resume on any data-parallel degree skips the documents already used without
+    tokenizing them and continues with the very next unseen block.
     """
 
     def __init__(self, stream, tokenizer: Tokenizer, text_field: str, seq_len: int, local_batch_size: int,
                  dp_rank: int, dp_degree: int):
-        from datasets.distributed import split_dataset_by_node
-
-        self.stream = split_dataset_by_node(stream, rank=dp_rank, world_size=dp_degree)
+        self.stream = stream
         self.tokenizer = tokenizer
         self.text_field = text_field
         self.seq_len, self.local_batch_size = seq_len, local_batch_size
-        self.buffer: list[int] = []
+        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+        self.position = 0
+        self.document = 0
+        self.offset = 0
+
+    def _encode(self, record: dict[str, Any]) -> list[int]:
+        text = record.get(self.text_field)
+        if not isinstance(text, str):
+            raise ValueError(f"training.text_field {self.text_field!r} is not a text column of the stream "
+                             f"(columns: {sorted(record)}); set --training.text_field")
+        return self.tokenizer.encode(text, bos=True, eos=True)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        need = self.local_batch_size * self.seq_len + 1
-        for record in self.stream:
-            text = record.get(self.text_field)
-            if not isinstance(text, str):
-                raise ValueError(f"training.text_field {self.text_field!r} is not a text column of the stream "
-                                 f"(columns: {sorted(record)}); set --training.text_field")
-            self.buffer.extend(self.tokenizer.encode(text, bos=True, eos=True))
-            while len(self.buffer) >= need:
-                block = torch.tensor(self.buffer[:need], dtype=torch.int64)
-                # The last token of a batch is the first input of the next: blocks overlap by one.
-                self.buffer = self.buffer[need - 1 :]
+        round_rows = self.dp_degree * self.local_batch_size
+        used = round_rows * self.seq_len
+        first = self.dp_rank * self.local_batch_size * self.seq_len
+        buffer: list[int] = []
+        # Token counts of the documents in the buffer; the first one's tokens start at `self.offset`.
+        lengths: deque[int] = deque()
+        skip = self.offset
+        for record in islice(self.stream, self.document, None):
+            ids = self._encode(record)
+            lengths.append(len(ids))
+            buffer.extend(ids[skip:])
+            skip = 0
+            while len(buffer) > used:
+                block = torch.tensor(buffer[first : first + self.local_batch_size * self.seq_len + 1])
+                del buffer[:used]
+                self._advance(used, lengths)
+                self.position += round_rows
                 rows = block.unfold(0, self.seq_len + 1, self.seq_len)
                 yield rows[:, :-1], rows[:, 1:]
 
+    def _advance(self, tokens: int, lengths: deque[int]) -> None:
+        """Moves the (document, offset) of the buffer's first token `tokens` tokens on."""
+        while tokens >= lengths[0] - self.offset:
+            tokens -= lengths.popleft() - self.offset
+            self.document, self.offset = self.document + 1, 0
+        self.offset += tokens
+
     def state_dict(self) -> dict[str, Any]:
-        return {"stream": self.stream.state_dict(), "buffer": list(self.buffer)}
+        return {"sample_position": self.position, "seq_len": self.seq_len, "stream_document": self.document,
+                "stream_document_offset": self.offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stream.load_state_dict(state["stream"])
-        self.buffer = list(state["buffer"])
+        check_seq_len(state, self.seq_len)
+        self.position = int(state["sample_position"])
+        self.document, self.offset = int(state["stream_document"]), int(state["stream_document_offset"])
 
 
 def open_hub_stream(name: str, split: str):

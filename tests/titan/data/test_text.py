@@ -1,4 +1,4 @@
-"""Packed text loader: next-token labels, rank slices of one global order, exact resume on any layout."""
+"""Packed and streamed text loaders: next-token labels, one global order split by rank, exact resume on any layout."""
 
 import json
 
@@ -139,7 +139,7 @@ def test_bundled_corpus_loader_end_to_end():
     assert loader.num_blocks > 10_000
 
 
-def _stream(tmp_path, n_docs=40):
+def local_stream(tmp_path, n_docs=40):
     import datasets
 
     path = tmp_path / "stream.jsonl"
@@ -157,7 +157,7 @@ class CharTokenizer:
 
 def test_streaming_loader_packs_the_whole_stream_in_order(tmp_path):
     tok = CharTokenizer()
-    loader = StreamingTextLoader(_stream(tmp_path), tok, "text", seq_len=16, local_batch_size=2,
+    loader = StreamingTextLoader(local_stream(tmp_path), tok, "text", seq_len=16, local_batch_size=2,
                                  dp_rank=0, dp_degree=1)
     expected = [t for i in range(40) for t in tok.encode(f"streamed document {i} " * (i % 5 + 1), True, True)]
     got = []
@@ -167,18 +167,45 @@ def test_streaming_loader_packs_the_whole_stream_in_order(tmp_path):
     assert got == expected[: len(got)] and len(expected) - len(got) <= 2 * 16 + 1
 
 
-def test_streaming_loader_resumes_with_the_next_token(tmp_path):
-    tok = CharTokenizer()
-    make = lambda: StreamingTextLoader(_stream(tmp_path), tok, "text", 16, 2, 0, 1)  # noqa: E731
-    full = [x for x, _ in make()]
-    first = make()
-    it = iter(first)
-    for _ in range(3):
-        next(it)
+def streaming(tmp_path, dp_rank=0, dp_degree=1, batch=2):
+    return StreamingTextLoader(local_stream(tmp_path), CharTokenizer(), "text", 16, batch, dp_rank, dp_degree)
+
+
+def test_streaming_loader_resumes_with_the_next_block(tmp_path):
+    full = [x for x, _ in streaming(tmp_path)]
+    first = streaming(tmp_path)
+    take(first, 3)
     state = first.state_dict()
-    resumed = make()
+    assert all(type(v) is int for v in state.values())  # checkpointed as plain integers, nothing pickled
+    resumed = streaming(tmp_path)
     resumed.load_state_dict(state)
     rest = [x for x, _ in resumed]
-    assert len(rest) >= 1
+    assert len(rest) == len(full) - 3 >= 2
     for a, b in zip(rest, full[3:]):
         assert torch.equal(a, b)
+
+
+def test_streaming_ranks_split_the_same_global_batches(tmp_path):
+    single = take(streaming(tmp_path, batch=2), 4)
+    ranks = [take(streaming(tmp_path, r, 2, batch=2), 2) for r in range(2)]
+    for step in range(2):
+        together = torch.cat([single[2 * step][0], single[2 * step + 1][0]])
+        assert torch.equal(together, torch.cat([ranks[0][step][0], ranks[1][step][0]]))
+
+
+def test_streaming_resume_on_another_layout_continues_with_the_next_block(tmp_path):
+    uninterrupted = take(streaming(tmp_path, batch=2), 6)
+    first = streaming(tmp_path, batch=2)
+    take(first, 3)
+    ranks = [streaming(tmp_path, r, 2, batch=1) for r in range(2)]
+    for loader in ranks:
+        loader.load_state_dict(first.state_dict())
+    steps = [take(loader, 2) for loader in ranks]
+    for step in range(2):
+        assert torch.equal(torch.cat([steps[0][step][0], steps[1][step][0]]), uninterrupted[3 + step][0])
+
+
+def test_streaming_resume_refuses_another_seq_len(tmp_path):
+    other = StreamingTextLoader(local_stream(tmp_path), CharTokenizer(), "text", 8, 2, 0, 1)
+    with pytest.raises(ValueError, match="same training.seq_len"):
+        other.load_state_dict(streaming(tmp_path).state_dict())
