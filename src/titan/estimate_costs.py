@@ -209,11 +209,14 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
         else:
             col.add("tp", "tp", t, "all_gather", passes, logits * a.vocab_size * lay.param_bytes, False)
 
-    # Context parallel: the ring passes K and V (repeated to all query heads before SDPA) once in forward,
-    # twice in backward, and once more for fully recomputed blocks; it overlaps the attention kernels.
+    # Context parallel (torch's all-gather rotation): K and V (repeated to all query heads before SDPA) are
+    # gathered in forward, again in backward and for fully recomputed blocks, and backward exchanges dK and dV
+    # in fp32 (two calls); it overlaps the attention kernels.
     kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // t) * a.head_dim * lay.param_bytes
     full_blocks = sum(p.full_ac_blocks for p in info.parts)
-    col.add("cp", "cp", c, "ring_kv", (3 * blocks + full_blocks) * passes, kv, True)
+    kv_calls, grad_calls = 2 * blocks + full_blocks, 2 * blocks
+    ring_bytes = kv_calls * kv + grad_calls * kv / 2 * 4 / lay.param_bytes
+    col.add("cp", "cp", c, "ring_kv", (kv_calls + grad_calls) * passes, ring_bytes / (kv_calls + grad_calls), True)
 
     # Pipeline: activations forward and their gradients backward at every boundary to a stage on another rank.
     owner = _stage_owner(dims, lay.schedule)
