@@ -2,18 +2,22 @@
 
 Trains an ensemble with MotherNets (cluster, build and train one mother per cluster, hatch and briefly train each
 member) and, unless `--run.baseline false`, the same members independently; prints a table and writes
-`results.json` and `results.png` (ensemble accuracy vs training cost) under `run.out`.
+`results.json` and `results.png` (ensemble accuracy vs training cost) under `run.out`. Under torchrun,
+`--training.spread members` trains the members one per rank (mothers still use all ranks).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe
 from morphens.config import RunConfig, help_text, load_config, to_dict
@@ -23,6 +27,7 @@ from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.config.manager import split_cli
+from titan.distributed.runtime import init_distributed
 
 
 def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
@@ -37,65 +42,102 @@ def log(msg: str) -> None:
         print(msg, flush=True)
 
 
-def scratch(cfg: RunConfig, data: Dataset, arch: Arch, i: int) -> Fit:
+def scratch(cfg: RunConfig, data: Dataset, arch: Arch, i: int, solo: bool = False) -> Fit:
     """Member i trained from scratch for training.epochs (its seeds depend only on i)."""
     t = cfg.training
-    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, t.seed + i, f"independent-{i}")
+    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, t.seed + i, f"independent-{i}", solo)
+
+
+def spreading(cfg: RunConfig) -> bool:
+    """Whether members are spread over the ranks of a torchrun job (`training.spread members`)."""
+    return cfg.training.spread == "members" and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def my_members(cfg: RunConfig, count: int) -> list[int]:
+    """The members this process trains: all of them, or when spreading every world-th one from its rank."""
+    return list(range(dist.get_rank(), count, dist.get_world_size()) if spreading(cfg) else range(count))
+
+
+@functools.cache
+def gather_group() -> dist.ProcessGroup:
+    """The group members' results travel on. Ranks wait in it for the slowest rank's members, far longer than
+    titan's collective timeout after a mother's first step allows; experiment() creates it while ranks are in step."""
+    return dist.new_group(backend="gloo", timeout=timedelta(days=7))
+
+
+def gathered(cfg: RunConfig, mine: dict[int, dict]) -> list[dict]:
+    """Every member's entry in member order, on every rank (each rank only holds its own when spreading)."""
+    if spreading(cfg):
+        parts: list[dict] = [{}] * dist.get_world_size()
+        dist.all_gather_object(parts, mine, group=gather_group())
+        mine = {i: entry for part in parts for i, entry in part.items()}
+    return [mine[i] for i in range(len(mine))]
+
+
+def scored(cfg: RunConfig, data: Dataset, run: Fit, labels: torch.Tensor, param_epochs: float) -> dict:
+    probs = predict(run.net, data, cfg.data.test_limit)
+    return {"probs": probs, "acc": accuracy(probs, labels), "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+            "flops": run.flops, "param_epochs": param_epochs}
 
 
 def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> list[dict]:
-    """Each member from scratch; returns one entry per member."""
-    out = []
-    for i, arch in enumerate(members):
-        run = scratch(cfg, data, arch, i)
-        probs = predict(run.net, data, cfg.data.test_limit)
-        out.append({"probs": probs, "acc": accuracy(probs, labels), "seconds": run.seconds,
-                    "cpu_seconds": run.cpu_seconds, "flops": run.flops,
-                    "param_epochs": num_params(arch) * cfg.training.epochs})
-        log(f"  independent {i}: {describe(arch)} acc {out[-1]['acc']:.2f}% in {run.seconds:.1f}s")
+    """Each member from scratch (spread over the ranks with `training.spread members`); one entry per member."""
+    mine = {i: scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
+                      num_params(members[i]) * cfg.training.epochs) for i in my_members(cfg, len(members))}
+    out = gathered(cfg, mine)
+    for i, (arch, r) in enumerate(zip(members, out)):
+        log(f"  independent {i}: {describe(arch)} acc {r['acc']:.2f}% in {r['seconds']:.1f}s")
     return out
 
 
 def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
-    """Clusters the members, trains one mother per cluster, hatches and trains every member; a member alone in
-    its cluster is its own mother and trains as it would independently. Times count training and hatching, not
-    evaluation, as for the independent members."""
+    """Clusters the members and trains one mother per cluster on all ranks, then hatches and trains every
+    member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
+    mother and trains as it would independently. Times count training and hatching, not evaluation, as for
+    the independent members."""
     m, t = cfg.mothernet, cfg.training
-    seconds = cpu_seconds = flops = param_epochs = 0.0
+    flops = seconds = cpu_seconds = param_epochs = 0.0
     calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
-    probs: list[torch.Tensor] = [torch.empty(0)] * len(members)
-    mothers = []
     groups = cluster(members, m.clusters)
+    mothers: list[dict] = []
+    trained = {}
     for c, idx in enumerate(groups):
         arch = mother_of([members[i] for i in idx])
+        mothers.append({"arch": describe(arch), "members": idx})
         if len(idx) == 1:
-            run = scratch(cfg, data, arch, idx[0])
-            epochs = t.epochs
-        else:
-            run = fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr,
-                      t.seed + 10**4 + c, f"mother-{c}-of-{len(members)}")
-            epochs = m.mother_epochs
-        flops, seconds, cpu_seconds = flops + run.flops, seconds + run.seconds, cpu_seconds + run.cpu_seconds
-        param_epochs += num_params(arch) * epochs
-        mother_probs = predict(run.net, data, cfg.data.test_limit)
-        mothers.append({"arch": describe(arch), "members": idx, "acc": accuracy(mother_probs, labels)})
-        log(f"  mother {c} {describe(arch)} for members {idx}: acc {mothers[-1]['acc']:.2f}%")
-        if len(idx) == 1:
-            probs[idx[0]] = mother_probs
             continue
-        for i in idx:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            child = hatch(run.net, members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
-            seconds, cpu_seconds = seconds + time.perf_counter() - start, cpu_seconds + time.process_time() - cpu_start
-            tuned = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, t.seed + 2 * 10**4 + i,
-                        f"hatched-{i}-of-{len(members)}")
-            probs[i] = predict(tuned.net, data, cfg.data.test_limit)
-            flops, seconds, cpu_seconds = flops + tuned.flops, seconds + tuned.seconds, cpu_seconds + tuned.cpu_seconds
-            param_epochs += num_params(members[i]) * m.hatch_epochs
-            log(f"    hatched {i}: {describe(members[i])} acc {accuracy(probs[i], labels):.2f}%")
-    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": seconds, "cpu_s": cpu_seconds,
-            "member_acc": [accuracy(p, labels) for p in probs], "ensemble_acc": ensemble_accuracy(probs, labels),
-            "train_cost": flops, "param_epochs": param_epochs, "clusters": len(groups), "mothers": mothers}
+        run = fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr, t.seed + 10**4 + c,
+                  f"mother-{c}-of-{len(members)}")
+        trained.update({i: run.net for i in idx})
+        flops, seconds, cpu_seconds = flops + run.flops, seconds + run.seconds, cpu_seconds + run.cpu_seconds
+        param_epochs += num_params(arch) * m.mother_epochs
+        mothers[-1]["acc"] = accuracy(predict(run.net, data, cfg.data.test_limit), labels)
+        log(f"  mother {c} {describe(arch)} for members {idx}: acc {mothers[-1]['acc']:.2f}%")
+    mine = {}
+    for i in my_members(cfg, len(members)):
+        if i not in trained:
+            mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
+                             num_params(members[i]) * t.epochs)
+            continue
+        start, cpu_start = time.perf_counter(), time.process_time()
+        child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
+        hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+        run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, t.seed + 2 * 10**4 + i,
+                  f"hatched-{i}-of-{len(members)}", spreading(cfg))
+        mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
+        mine[i]["seconds"] += hatch_s
+        mine[i]["cpu_seconds"] += hatch_cpu_s
+    out = gathered(cfg, mine)
+    for i, r in enumerate(out):
+        log(f"    {'hatched' if i in trained else 'alone'} {i}: {describe(members[i])} acc {r['acc']:.2f}%")
+    for mother in mothers:
+        mother.setdefault("acc", out[mother["members"][0]]["acc"])
+    total = lambda key: sum(r[key] for r in out)
+    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": seconds + total("seconds"),
+            "cpu_s": cpu_seconds + total("cpu_seconds"), "member_acc": [r["acc"] for r in out],
+            "ensemble_acc": ensemble_accuracy([r["probs"] for r in out], labels), "train_cost": flops + total("flops"),
+            "param_epochs": param_epochs + total("param_epochs"), "clusters": len(groups),
+            "mothers": mothers}
 
 
 def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
@@ -117,6 +159,10 @@ def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
 def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[int]) -> list[dict]:
     """MotherNets at every size, and the independent baseline (its first k members) beside each."""
     torch.set_num_threads(cfg.training.threads or torch.get_num_threads())
+    if cfg.training.spread == "members":
+        init_distributed()  # ranks exchange members' results: join torchrun's process group before any net trains
+        if spreading(cfg):
+            gather_group()
     # The first optimizer step in a process imports torch._dynamo (~3 s): pay it before anything is timed.
     warm = torch.nn.Parameter(torch.zeros(1))
     warm.grad = torch.zeros(1)
@@ -209,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = experiment(cfg, *prepared)
-    if int(os.environ.get("RANK", "0")) == 0:  # every rank trained every net together (FSDP); one writes
+    if int(os.environ.get("RANK", "0")) == 0:  # every rank holds every result (FSDP or gathered); one writes
         out = Path(cfg.run.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps({"config": to_dict(cfg), "results": results}, indent=1))

@@ -68,8 +68,10 @@ SPEC = register_model_spec(ModelSpec(
 ))
 
 
-def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int, name: str) -> Net:
-    """Trains a copy of `net` with titan's Trainer (starting from its weights) and returns the trained copy."""
+def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int, name: str,
+                     solo: bool = False) -> Net:
+    """Trains a copy of `net` with titan's Trainer (starting from its weights) and returns the trained copy;
+    `solo` trains it on this rank alone, as titan's Trainer(solo=True) does."""
     from titan.config import JobConfig
     from titan.distributed.runtime import world_size_from_env
     from titan.trainer import Trainer
@@ -79,7 +81,7 @@ def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int,
     job.model.name, job.model.spec = SPEC.name, __name__
     t = cfg.training
     job.training.steps, job.training.global_batch_size = steps, t.batch_size
-    job.training.local_batch_size = max(t.batch_size // world_size_from_env(), 1)
+    job.training.local_batch_size = t.batch_size if solo else max(t.batch_size // world_size_from_env(), 1)
     job.training.dataset, job.training.dataset_path = dataset_uri(cfg), cfg.data.path
     job.training.mixed_precision_param = "float32"  # small convs gain nothing from bf16 on CPU
     job.optimizer.lr, job.optimizer.weight_decay = lr, t.weight_decay
@@ -87,7 +89,8 @@ def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int,
     job.lr_scheduler.decay_type, job.lr_scheduler.min_lr_factor = "cosine", 0.0
     job.metrics.log_freq, job.metrics.enable_tensorboard = max(steps // 4, 1), False
     job.debug.seed, job.debug.threads = seed, t.threads
-    trainer = Trainer(job, model_spec=SPEC, model_args=net.arch, initial_state_dict=net.state_dict())
+    trainer = Trainer(job, model_spec=SPEC, model_args=net.arch, initial_state_dict=net.state_dict(),
+                      solo=solo)
     trainer.train()
     out = Net(net.arch)
     out.load_state_dict(trainer.full_state_dict())

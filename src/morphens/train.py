@@ -45,14 +45,16 @@ def lr_factor(step: int, steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
-def fit(net: Net, data: Dataset, cfg: RunConfig, epochs: float, lr: float, seed: int, name: str) -> Fit:
-    """Trains a copy of `net` (the argument stays as it was) for `epochs` epochs of the training split."""
+def fit(net: Net, data: Dataset, cfg: RunConfig, epochs: float, lr: float, seed: int, name: str,
+        solo: bool = False) -> Fit:
+    """Trains a copy of `net` (the argument stays as it was) for `epochs` epochs of the training split; `solo`
+    trains it on this rank alone in a multi-rank job (the local engine always does)."""
     steps = steps_for(epochs, data, cfg)
     start, cpu_start = time.perf_counter(), time.process_time()
     if cfg.training.engine == "titan":
         from morphens.spec import train_with_titan
 
-        trained = train_with_titan(net, cfg, steps, lr, seed, name)
+        trained = train_with_titan(net, cfg, steps, lr, seed, name, solo)
     else:
         trained = _train_local(net, data, cfg, steps, lr, seed)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
