@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lcsm.engines import OnlineConv, build_engine
+from lcsm.decode import BlockWeights, DecodeState, fold_norm, ring_window
+from lcsm.engines import build_engine
 from lcsm.fftconv import fft_causal_conv
 
 
@@ -137,23 +138,12 @@ class HyenaMixer(nn.Module):
     def prefill(self, x_BPD: torch.Tensor, state: DecodeState, layer: int) -> torch.Tensor:
         B, P, _ = x_BPD.shape
         u_pre = self.in_proj(x_BPD).transpose(1, 2)
-        K = self.short_weight.shape[-1]
-        state.short[layer] = F.pad(u_pre, (max(K - P, 0), 0))[..., -K:].contiguous()
+        state.short[layer] = ring_window(u_pre, self.short_weight.shape[-1])
         u = self._short_conv(u_pre).view(B, -1, self.order + 1, P)
         v = u[:, :, 0]
         for n in range(self.order):
             v = u[:, :, n + 1] * state.engine.prefill(v, slot=layer * self.order + n)
         return self.out_proj(v.transpose(1, 2))
-
-    def step(self, x_BD: torch.Tensor, state: DecodeState, layer: int) -> torch.Tensor:
-        B = x_BD.shape[0]
-        window = state.short[layer] = torch.cat([state.short[layer][..., 1:], self.in_proj(x_BD)[..., None]], -1)
-        u = (window * self.short_weight.squeeze(1)).sum(-1) + self.short_bias
-        u = u.view(B, -1, self.order + 1)
-        v = u[..., 0]
-        for n in range(self.order):
-            v = u[..., n + 1] * state.engine.step(v, slot=layer * self.order + n)
-        return self.out_proj(v)
 
     def init_weights(self, init_std: float) -> None:
         nn.init.trunc_normal_(self.in_proj.weight, std=0.02)
@@ -190,7 +180,7 @@ class HyenaBlock(nn.Module):
         self.init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
 
     def forward(self, x: torch.Tensor, mixer=None) -> torch.Tensor:
-        """`mixer` replaces self.mixer when decoding (its prefill or step bound to the decode state)."""
+        """`mixer` replaces self.mixer when prefilling (its prefill bound to the decode state)."""
         h = x + (mixer or self.mixer)(self.mixer_norm(x))
         return h + self.mlp(self.mlp_norm(h))
 
@@ -199,14 +189,6 @@ class HyenaBlock(nn.Module):
         self.mlp_norm.reset_parameters()
         self.mixer.init_weights(self.init_std)
         self.mlp.init_weights(self.init_std)
-
-
-@dataclass
-class DecodeState:
-    """What decoding carries from step to step: the long-convolution engine and each layer's short-conv window."""
-
-    engine: OnlineConv
-    short: list[torch.Tensor]
 
 
 class HyenaLM(nn.Module):
@@ -246,13 +228,16 @@ class HyenaLM(nn.Module):
         L, N = self.args.max_seq_len, self.args.order
         return torch.cat([b.mixer.filter(L).view(-1, N, L).transpose(0, 1) for b in self.layers.values()])
 
+    @torch.no_grad()
     def new_decode_state(self, engine: str, batch: int, **flash_options) -> DecodeState:
         """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.engines)."""
         rho = self.inference_filters()
         channels, kernel = (self.args.order + 1) * self.args.dim, self.args.short_kernel
-        # Zero windows are the causal conv's left padding, so decoding may also start without a prefill.
-        short = [rho.new_zeros(batch, channels, kernel) for _ in range(self.args.n_layers)]
-        return DecodeState(build_engine(engine, rho, batch, **flash_options), short)
+        # Zero rings are the causal conv's left padding, so decoding may also start without a prefill.
+        short = [rho.new_zeros(kernel, batch, channels) for _ in range(self.args.n_layers)]
+        blocks = [BlockWeights.of(block) for block in self.layers.values()]
+        return DecodeState(build_engine(engine, rho, batch, **flash_options), short, blocks,
+                           fold_norm(self.norm, self.output.weight), self.args.dim * self.norm.eps)
 
     @torch.no_grad()
     def prefill(self, tokens_BP: torch.Tensor, state: DecodeState) -> torch.Tensor:
@@ -260,15 +245,14 @@ class HyenaLM(nn.Module):
         h = self.tok_embeddings(tokens_BP)
         for i, block in enumerate(self.layers.values()):
             h = block(h, mixer=lambda x, i=i, block=block: block.mixer.prefill(x, state, i))
+        state.pos = tokens_BP.shape[1]
         return self.output(self.norm(h))
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper per op than no_grad; the state's tensors are only ever updated in place
     def step(self, token_B: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Consumes one token per sequence (B,) and returns the next-token logits (B, vocab)."""
-        h = self.tok_embeddings(token_B)
-        for i, block in enumerate(self.layers.values()):
-            h = block(h, mixer=lambda x, i=i, block=block: block.mixer.step(x, state, i))
-        return self.output(self.norm(h))
+        """Consumes one token per sequence (B,) and returns the next-token logits (B, vocab): the parallel forward's
+        arithmetic (up to rounding) in the few-op layout of lcsm.decode."""
+        return state.step(self.tok_embeddings(token_B))
 
 
 def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:
