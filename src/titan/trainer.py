@@ -242,8 +242,6 @@ class Trainer:
 
     def _check_supported(self) -> None:
         pd, cfg = self.parallel_dims, self.config
-        if pd.cp_enabled and pd.pp_enabled:
-            raise ValueError("context parallel with pipeline parallel is not supported; drop one of them")
         if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
             raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
                              f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
@@ -299,7 +297,7 @@ class Trainer:
         """Loss of one micro-batch (zero on pipeline ranks without the last stage) and the model output."""
         if self.pp_schedule is not None:
             losses: list[torch.Tensor] = []
-            with self._loss_context(), self._autocast():
+            with self._cp_context(inputs, labels), self._loss_context(), self._autocast():
                 self.pp_schedule.step(*((inputs,) if self.pp_has_first else ()),
                                       target=labels if self.pp_has_last else None, losses=losses)
             if not self.pp_has_last:
@@ -375,15 +373,15 @@ class Trainer:
         )
 
     def _eval_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        inputs, labels = inputs.clone(), labels.clone()
         if self.pp_schedule is not None:
             losses: list[torch.Tensor] = []
-            with self._loss_context(), self._autocast():
+            with self._cp_context(inputs, labels), self._loss_context(), self._autocast():
                 self.pp_schedule.eval(*((inputs,) if self.pp_has_first else ()),
                                       target=labels if self.pp_has_last else None, losses=losses)
             if not self.pp_has_last:
                 return {"loss": torch.zeros((), device=self.device)}
             return {"loss": torch.stack([_replicated_value(x) for x in losses]).mean().float() * self.pp_loss_scale}
-        inputs, labels = inputs.clone(), labels.clone()
         with self._cp_context(inputs, labels), self._loss_context(), self._autocast():
             pred = self.model(inputs)
             values = {"loss": self.loss_fn(pred, labels).float()}

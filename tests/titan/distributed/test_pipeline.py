@@ -112,7 +112,11 @@ def test_pp2_tp2_matches_and_its_checkpoint_resumes_on_one_process(tmp_path, fou
 @pytest.mark.parametrize("nproc, layout", [
     (8, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
     pytest.param(4, ["--parallelism.pipeline_parallel_degree", "2"], marks=pytest.mark.slow),
-], ids=["3d_fsdp2xtp2xpp2", "pp2xfsdp2"])
+    (4, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.context_parallel_degree", "2"]),
+    pytest.param(16, ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
+                      "--parallelism.context_parallel_degree", "2"], marks=pytest.mark.slow),
+], ids=["3d_fsdp2xtp2xpp2", "pp2xfsdp2", "pp2xcp2", "4d_fsdp2xcp2xtp2xpp2"])
 def test_pipeline_with_fsdp_matches_one_process(tmp_path, four_layer_reference, nproc, layout):
-    run_train([*PP_ARGS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    # 16 processes share 2 cores: start-up alone takes minutes.
+    run_train([*PP_ARGS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc, timeout=max(300, 60 * nproc))
     assert_same_run(read_metrics(tmp_path), four_layer_reference)
