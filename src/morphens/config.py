@@ -87,6 +87,11 @@ class MotherNet:
     """Symmetry-breaking noise: relative RMS change of the hatched member's logits on a calibration batch."""
     calib_batch: int = 512
     """Images used to calibrate new BatchNorm layers and to size the noise."""
+    snapshots: int = 1
+    """Snapshot mothers per cluster (at most its member count): after mother_epochs the mother trains snapshots - 1
+    warm-restart cycles of snapshot_epochs, each from the last; the j-th member of a cluster hatches from cycle j."""
+    snapshot_epochs: float = 2.0
+    """Epochs of each warm-restart cycle (peak training.lr, cosine to zero); counted in the mother's cost."""
 
     def __post_init__(self):
         if self.clusters < 1:
@@ -95,6 +100,8 @@ class MotherNet:
             raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
         if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:
             raise ValueError("mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0")
+        if self.snapshots < 1 or self.snapshot_epochs <= 0:
+            raise ValueError("mothernet: snapshots must be >= 1 (1 = one mother) and snapshot_epochs > 0")
 
 
 @dataclass

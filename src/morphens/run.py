@@ -91,8 +91,9 @@ def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torc
 
 
 def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
-    """Clusters the members and trains one mother per cluster on all ranks, then hatches and trains every
-    member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
+    """Clusters the members and trains one mother per cluster on all ranks (with `mothernet.snapshots` > 1,
+    followed by warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and
+    trains every member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
     mother and trains as it would independently. Times count training and hatching, not evaluation, as for
     the independent members."""
     m, t = cfg.mothernet, cfg.training
@@ -106,13 +107,18 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         mothers.append({"arch": describe(arch), "members": idx})
         if len(idx) == 1:
             continue
-        run = fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr, t.seed + 10**4 + c,
-                  f"mother-{c}-of-{len(members)}")
-        trained.update({i: run.net for i in idx})
-        flops, seconds, cpu_seconds = flops + run.flops, seconds + run.seconds, cpu_seconds + run.cpu_seconds
-        param_epochs += num_params(arch) * m.mother_epochs
-        mothers[-1]["acc"] = accuracy(predict(run.net, data, cfg.data.test_limit), labels)
-        log(f"  mother {c} {describe(arch)} for members {idx}: acc {mothers[-1]['acc']:.2f}%")
+        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr, t.seed + 10**4 + c,
+                    f"mother-{c}-of-{len(members)}")]
+        for s in range(1, min(m.snapshots, len(idx))):  # each warm restart ends in a distinct, converged mother
+            runs.append(fit(runs[-1].net, data, cfg, m.snapshot_epochs, t.lr, t.seed + 10**4 + 10**3 * s + c,
+                            f"mother-{c}-of-{len(members)}-snapshot-{s}"))
+        trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
+        flops += sum(r.flops for r in runs)
+        seconds, cpu_seconds = seconds + sum(r.seconds for r in runs), cpu_seconds + sum(r.cpu_seconds for r in runs)
+        param_epochs += num_params(arch) * (m.mother_epochs + (len(runs) - 1) * m.snapshot_epochs)
+        accs = [accuracy(predict(r.net, data, cfg.data.test_limit), labels) for r in runs]
+        mothers[-1]["acc"], mothers[-1]["snapshot_acc"] = accs[-1], accs
+        log(f"  mother {c} {describe(arch)} for members {idx}: acc " + ", ".join(f"{a:.2f}%" for a in accs))
     mine = {}
     for i in my_members(cfg, len(members)):
         if i not in trained:

@@ -1,10 +1,15 @@
 import json
 
 import pytest
+import torch
 
+from morphens import run
+from morphens.arch import forward_flops
 from morphens.config import load_config
+from morphens.morph import hatch
+from morphens.mother import mother_of
 from morphens.run import independent, main, mothernets, prepare
-from morphens.train import eval_labels
+from morphens.train import eval_labels, steps_for
 
 DIGITS = ["--data.dataset", "digits", "--training.batch_size", "64"]
 
@@ -25,6 +30,7 @@ def run_cli(capsys, *args):
         (["--ensemble.size", "0"], "error: ensemble.size must be >= 1"),
         (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),
         (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
+        (["--mothernet.snapshots", "0"], "error: mothernet: snapshots must be >= 1"),
         (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
@@ -89,3 +95,29 @@ def test_json_config_gives_the_same_members_as_toml(tmp_path):
     cfg = load_config(str(tmp_path / "c.json"))
     _, parsed, sizes = prepare(cfg)
     assert [a.hidden for a in parsed] == [(64, 32), (48,)] and sizes == [2]
+
+
+def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(monkeypatch, tmp_path):
+    """snapshots = 2: member j hatches from snapshot j % 2, two distinct mothers; the extra cycle is paid for."""
+    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "3", "training.batch_size": "64",
+                 "training.engine": "local", "mothernet.mother_epochs": "1", "mothernet.hatch_epochs": "0.1",
+                 "mothernet.noise": "0", "mothernet.snapshot_epochs": "1", "run.out": str(tmp_path)}
+    cfg = load_config("", list(overrides.items()))
+    data, members, _ = prepare(cfg)
+    labels = eval_labels(data)
+    single = mothernets(cfg, data, members, labels)
+    hatched_from = []
+
+    def spy(mother, *args, **kw):
+        hatched_from.append(mother)
+        return hatch(mother, *args, **kw)
+
+    monkeypatch.setattr(run, "hatch", spy)
+    cfg.mothernet.snapshots = 2
+    out = mothernets(cfg, data, members, labels)
+    first, second, third = hatched_from
+    assert first is third and first is not second
+    assert not torch.equal(first.state_dict()["head.weight"], second.state_dict()["head.weight"])
+    assert len(out["mothers"][0]["snapshot_acc"]) == 2
+    cycle = 3.0 * forward_flops(mother_of(members)) * steps_for(1, data, cfg) * cfg.training.batch_size
+    assert out["train_cost"] == pytest.approx(single["train_cost"] + cycle)
