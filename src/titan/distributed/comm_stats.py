@@ -28,49 +28,49 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-c10d = torch.ops.c10d
-funcol = torch.ops._c10d_functional
-funcol_autograd = torch.ops._c10d_functional_autograd
-
-KINDS = {
-    c10d._allgather_base_: "all_gather",
-    c10d.allgather_: "all_gather",
-    c10d.allgather_coalesced_: "all_gather",
-    c10d.allgather_into_tensor_coalesced_: "all_gather",
-    c10d._reduce_scatter_base_: "reduce_scatter",
-    c10d.reduce_scatter_: "reduce_scatter",
-    c10d.reduce_scatter_tensor_coalesced_: "reduce_scatter",
-    c10d.allreduce_: "all_reduce",
-    c10d.allreduce_coalesced_: "all_reduce",
-    c10d.alltoall_: "all_to_all",
-    c10d.alltoall_base_: "all_to_all",
-    c10d.broadcast_: "broadcast",
-    c10d.reduce_: "reduce",
-    c10d.gather_: "gather",
-    c10d.gather_into_tensor_: "gather",
-    c10d.scatter_: "scatter",
-    c10d.send: "send",
-    c10d.recv_: "recv",
-    c10d.recv_any_source_: "recv",
-    funcol.all_gather_into_tensor: "all_gather",
-    funcol.all_gather_into_tensor_out: "all_gather",
-    funcol.all_gather_into_tensor_coalesced: "all_gather",
-    funcol.reduce_scatter_tensor: "reduce_scatter",
-    funcol.reduce_scatter_tensor_out: "reduce_scatter",
-    funcol.reduce_scatter_tensor_coalesced: "reduce_scatter",
-    funcol.all_reduce: "all_reduce",
-    funcol.all_reduce_: "all_reduce",
-    funcol.all_reduce_coalesced: "all_reduce",
-    funcol.all_reduce_coalesced_: "all_reduce",
-    funcol.all_to_all_single: "all_to_all",
-    funcol.broadcast: "broadcast",
-    funcol.broadcast_: "broadcast",
-    funcol.isend: "send",
-    funcol.irecv: "recv",
-    funcol_autograd.all_gather_into_tensor: "all_gather",
-    funcol_autograd.reduce_scatter_tensor: "reduce_scatter",
-    funcol_autograd.all_to_all_single: "all_to_all",
+# (op namespace, op name) -> collective kind. Ops an older torch lacks are skipped, so importing titan never
+# depends on the exact set of c10d ops.
+_OPS = {
+    ("c10d", "_allgather_base_"): "all_gather",
+    ("c10d", "allgather_"): "all_gather",
+    ("c10d", "allgather_coalesced_"): "all_gather",
+    ("c10d", "allgather_into_tensor_coalesced_"): "all_gather",
+    ("c10d", "_reduce_scatter_base_"): "reduce_scatter",
+    ("c10d", "reduce_scatter_"): "reduce_scatter",
+    ("c10d", "reduce_scatter_tensor_coalesced_"): "reduce_scatter",
+    ("c10d", "allreduce_"): "all_reduce",
+    ("c10d", "allreduce_coalesced_"): "all_reduce",
+    ("c10d", "alltoall_"): "all_to_all",
+    ("c10d", "alltoall_base_"): "all_to_all",
+    ("c10d", "broadcast_"): "broadcast",
+    ("c10d", "reduce_"): "reduce",
+    ("c10d", "gather_"): "gather",
+    ("c10d", "gather_into_tensor_"): "gather",
+    ("c10d", "scatter_"): "scatter",
+    ("c10d", "send"): "send",
+    ("c10d", "recv_"): "recv",
+    ("c10d", "recv_any_source_"): "recv",
+    ("_c10d_functional", "all_gather_into_tensor"): "all_gather",
+    ("_c10d_functional", "all_gather_into_tensor_out"): "all_gather",
+    ("_c10d_functional", "all_gather_into_tensor_coalesced"): "all_gather",
+    ("_c10d_functional", "reduce_scatter_tensor"): "reduce_scatter",
+    ("_c10d_functional", "reduce_scatter_tensor_out"): "reduce_scatter",
+    ("_c10d_functional", "reduce_scatter_tensor_coalesced"): "reduce_scatter",
+    ("_c10d_functional", "all_reduce"): "all_reduce",
+    ("_c10d_functional", "all_reduce_"): "all_reduce",
+    ("_c10d_functional", "all_reduce_coalesced"): "all_reduce",
+    ("_c10d_functional", "all_reduce_coalesced_"): "all_reduce",
+    ("_c10d_functional", "all_to_all_single"): "all_to_all",
+    ("_c10d_functional", "broadcast"): "broadcast",
+    ("_c10d_functional", "broadcast_"): "broadcast",
+    ("_c10d_functional", "isend"): "send",
+    ("_c10d_functional", "irecv"): "recv",
+    ("_c10d_functional_autograd", "all_gather_into_tensor"): "all_gather",
+    ("_c10d_functional_autograd", "reduce_scatter_tensor"): "reduce_scatter",
+    ("_c10d_functional_autograd", "all_to_all_single"): "all_to_all",
 }
+KINDS = {getattr(getattr(torch.ops, space), name): kind for (space, name), kind in _OPS.items()
+         if hasattr(getattr(torch.ops, space), name)}
 
 
 def _nbytes(values: Iterable) -> int:
