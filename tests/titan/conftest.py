@@ -50,6 +50,14 @@ def losses(folder) -> list[float]:
     return [r["loss"] for r in read_metrics(folder)]
 
 
+def assert_same_run(records, reference, rtol=1e-5):
+    """Same steps, losses and gradient norms within `rtol` (sharded reductions sum in another order)."""
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
+    for got, want in zip(records, reference):
+        assert got["loss"] == pytest.approx(want["loss"], rel=rtol), got["step"]
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=rtol), got["step"]
+
+
 @pytest.fixture
 def tiny_args():
     return list(TINY)

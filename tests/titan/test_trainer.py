@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.titan.conftest import losses, read_metrics, run_train
+from tests.titan.conftest import assert_same_run, losses, read_metrics, run_train
 
 RTOL = 1e-5
 
@@ -36,13 +36,6 @@ def reference(tmp_path_factory):
 
     run_train([*TINY, "--training.steps", "3", "--training.global_batch_size", "4", "--job.dump_folder", str(folder)])
     return read_metrics(folder)
-
-
-def assert_same_run(records, reference):
-    assert [r["step"] for r in records] == [r["step"] for r in reference]
-    for got, want in zip(records, reference):
-        assert got["loss"] == pytest.approx(want["loss"], rel=RTOL), got["step"]
-        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=RTOL), got["step"]
 
 
 @pytest.mark.parametrize(

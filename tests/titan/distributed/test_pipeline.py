@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from tests.titan.conftest import TINY, losses, read_metrics, run_train
+from tests.titan.conftest import TINY, assert_same_run, losses, read_metrics, run_train
 from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges
 from titan.models.llama3 import ModelArgs, Transformer
 
@@ -58,13 +58,6 @@ def four_layer_reference(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pp_ref")
     run_train([*PP_ARGS, "--job.dump_folder", str(folder)])
     return read_metrics(folder)
-
-
-def assert_same_run(records, reference, rtol=1e-5):
-    assert [r["step"] for r in records] == [r["step"] for r in reference]
-    for got, want in zip(records, reference):
-        assert got["loss"] == pytest.approx(want["loss"], rel=rtol)
-        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=rtol)
 
 
 # CI runs one single-stage, one looped and one V schedule; the rest run with `-m slow`.
