@@ -127,6 +127,8 @@ class Training:
     def __post_init__(self):
         if self.epochs <= 0 or self.batch_size < 2 or self.lr <= 0 or self.weight_decay < 0 or self.threads < 0:
             raise ValueError("training: epochs and lr must be > 0, batch_size >= 2, weight_decay and threads >= 0")
+        if self.seed < 0:
+            raise ValueError(f"training.seed must be >= 0, got {self.seed}")
 
 
 @dataclass

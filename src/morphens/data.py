@@ -115,6 +115,12 @@ def load(name: str, path: str = "", download: bool = False) -> Dataset:
     return Dataset(name, tx, ty, vx, vy, int(ty.max()) + 1, pad, flip)
 
 
+def derived_seed(*key: int) -> int:
+    """A 32-bit seed from non-negative integers (a base seed, a role, indices): distinct keys give unrelated
+    streams, where `base + offset` makes member i's second epoch repeat member i+1's first."""
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
 def augment(x: torch.Tensor, pad: int, flip: bool, gen: torch.Generator) -> torch.Tensor:
     """Random crop after zero padding (a shift of up to `pad` pixels) and optional horizontal flip, per sample."""
     n, _, h, w = x.shape
@@ -160,7 +166,8 @@ class Loader:
     def __iter__(self):
         while True:
             if self.train:
-                order = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+                gen = torch.Generator().manual_seed(derived_seed(self.seed, self.epoch))
+                order = torch.randperm(len(self.y), generator=gen)
             else:
                 order = torch.arange(len(self.y))
             mine = order[self.rank::self.world]

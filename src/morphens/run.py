@@ -21,13 +21,16 @@ import torch.distributed as dist
 
 from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe
 from morphens.config import RunConfig, help_text, load_config, to_dict
-from morphens.data import Dataset, Loader, load
+from morphens.data import Dataset, Loader, derived_seed, load
 from morphens.models import num_params
 from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.config.manager import split_cli
 from titan.distributed.runtime import init_distributed
+
+INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
+"""Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
 
 
 def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
@@ -45,7 +48,8 @@ def log(msg: str) -> None:
 def scratch(cfg: RunConfig, data: Dataset, arch: Arch, i: int, solo: bool = False) -> Fit:
     """Member i trained from scratch for training.epochs (its seeds depend only on i)."""
     t = cfg.training
-    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, t.seed + i, f"independent-{i}", solo)
+    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, derived_seed(t.seed, INDEPENDENT, i),
+               f"independent-{i}", solo)
 
 
 def spreading(cfg: RunConfig) -> bool:
@@ -107,10 +111,10 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         mothers.append({"arch": describe(arch), "members": idx})
         if len(idx) == 1:
             continue
-        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr, t.seed + 10**4 + c,
-                    f"mother-{c}-of-{len(members)}")]
+        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr,
+                    derived_seed(t.seed, MOTHER, c), f"mother-{c}-of-{len(members)}")]
         for s in range(1, min(m.snapshots, len(idx))):  # each warm restart ends in a distinct, converged mother
-            runs.append(fit(runs[-1].net, data, cfg, m.snapshot_epochs, t.lr, t.seed + 10**4 + 10**3 * s + c,
+            runs.append(fit(runs[-1].net, data, cfg, m.snapshot_epochs, t.lr, derived_seed(t.seed, SNAPSHOT, c, s),
                             f"mother-{c}-of-{len(members)}-snapshot-{s}"))
         trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
         flops += sum(r.flops for r in runs)
@@ -128,7 +132,7 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         start, cpu_start = time.perf_counter(), time.process_time()
         child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
         hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-        run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, t.seed + 2 * 10**4 + i,
+        run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
                   f"hatched-{i}-of-{len(members)}", spreading(cfg))
         mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
         mine[i]["seconds"] += hatch_s

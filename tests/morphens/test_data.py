@@ -29,6 +29,17 @@ def test_train_loader_resumes_with_the_same_batches():
         assert torch.equal(x, ex) and torch.equal(y, ey)
 
 
+def test_nearby_seeds_do_not_give_epoch_shifted_orders():
+    """Loader seeds i and i + 1 (two members) must not share permutations one epoch apart."""
+    data = load("digits")
+    labels = []
+    for seed in (5, 6):
+        loader = Loader(data, 100, augmented=False, seed=seed)
+        it = iter(loader)
+        labels.append([next(it)[1] for _ in range(loader.steps_per_epoch + 1)])
+    assert not torch.equal(labels[0][-1], labels[1][0])  # seed 5's second epoch vs seed 6's first
+
+
 def test_ranks_see_disjoint_shares_and_test_split_is_one_pass():
     data = load("digits")
     seen = []

@@ -31,6 +31,7 @@ def run_cli(capsys, *args):
         (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),
         (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
         (["--mothernet.snapshots", "0"], "error: mothernet: snapshots must be >= 1"),
+        (["--training.seed", "-1"], "error: training.seed must be >= 0, got -1"),
         (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
@@ -121,3 +122,25 @@ def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(
     assert len(out["mothers"][0]["snapshot_acc"]) == 2
     cycle = 3.0 * forward_flops(mother_of(members)) * steps_for(1, data, cfg) * cfg.training.batch_size
     assert out["train_cost"] == pytest.approx(single["train_cost"] + cycle)
+
+
+def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tmp_path):
+    """12 snapshots: with seed offsets, cycle 10 used to repeat hatched member 0's order."""
+    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "12", "training.epochs": "0.1",
+                 "training.batch_size": "64", "training.engine": "local", "mothernet.mother_epochs": "0.1",
+                 "mothernet.hatch_epochs": "0.1", "mothernet.snapshots": "12", "mothernet.snapshot_epochs": "0.1",
+                 "run.out": str(tmp_path)}
+    cfg = load_config("", list(overrides.items()))
+    data, members, _ = prepare(cfg)
+    seeds = []
+    real_fit = run.fit
+
+    def spy(net, data, cfg, epochs, lr, seed, name, solo=False):
+        seeds.append(seed)
+        return real_fit(net, data, cfg, epochs, lr, seed, name, solo)
+
+    monkeypatch.setattr(run, "fit", spy)
+    labels = eval_labels(data)
+    independent(cfg, data, members, labels)
+    mothernets(cfg, data, members, labels)
+    assert len(seeds) == 12 + 12 + 12 and len(set(seeds)) == len(seeds)
