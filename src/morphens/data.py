@@ -1,13 +1,12 @@
 """Image datasets held in memory as uint8 tensors, and a resumable, rank-sharded batch loader with augmentation.
 
 Offline: scikit-learn digits (in its wheel) and Fashion-MNIST (Debian package dataset-fashion-mnist).
-CIFAR-10/100 and SVHN come through torchvision when their files are present under the path (or downloadable).
+CIFAR-10/100 and SVHN when their files are under the path (./data by default), or downloaded with `download`.
 """
 
 from __future__ import annotations
 
 import functools
-import gzip
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-DATASETS = ("digits", "fashion_mnist", "cifar10", "cifar100", "svhn")
+from morphens.files import cifar, read_idx, svhn
+
+CLASSES = {"digits": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+DATASETS = tuple(CLASSES)
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -48,14 +50,6 @@ class Dataset:
         return (x.float() - mean) / std
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path) if path.suffix == ".gz" else open(path, "rb") as f:
-        raw = f.read()
-    dims = raw[3]
-    shape = np.frombuffer(raw, ">u4", count=dims, offset=4)
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
 def _fashion_mnist(path: str) -> tuple[np.ndarray, ...]:
     root = Path(path or FASHION_MNIST_DIR)
     out = []
@@ -65,7 +59,7 @@ def _fashion_mnist(path: str) -> tuple[np.ndarray, ...]:
         if not found:
             raise FileNotFoundError(f"fashion_mnist: {stem}[.gz] not found under {root}; install it with "
                                     "`sudo apt-get install -y dataset-fashion-mnist` or set data.path")
-        out.append(_read_idx(found[0]))
+        out.append(read_idx(found[0]))
     return out[0][:, None], out[1], out[2][:, None], out[3]
 
 
@@ -79,25 +73,6 @@ def _digits() -> tuple[np.ndarray, ...]:
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
-def _torchvision(name: str, path: str, download: bool) -> tuple[np.ndarray, ...]:
-    import torchvision
-
-    root = path or "./data"
-    hints = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "svhn": "train_32x32.mat"}
-    try:
-        if name == "svhn":
-            train = torchvision.datasets.SVHN(root, split="train", download=download)
-            test = torchvision.datasets.SVHN(root, split="test", download=download)
-            return train.data, train.labels, test.data, test.labels
-        cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
-        train, test = cls(root, train=True, download=download), cls(root, train=False, download=download)
-    except RuntimeError as e:  # torchvision's "Dataset not found or corrupted"
-        raise FileNotFoundError(f"{name}: {hints[name]} not found under {root} ({e}); put the files there or "
-                                "pass --data.download true (needs internet)") from e
-    return (train.data.transpose(0, 3, 1, 2), np.array(train.targets), test.data.transpose(0, 3, 1, 2),
-            np.array(test.targets))
-
-
 @functools.lru_cache(maxsize=4)
 def load(name: str, path: str = "", download: bool = False) -> Dataset:
     """Loads a dataset once per process (several trainers in one run share it)."""
@@ -107,12 +82,18 @@ def load(name: str, path: str = "", download: bool = False) -> Dataset:
         arrays = _digits()
     elif name == "fashion_mnist":
         arrays = _fashion_mnist(path)
+    elif name == "svhn":
+        arrays = svhn(Path(path or "./data"), download)
     else:
-        arrays = _torchvision(name, path, download)
+        arrays = cifar(name, Path(path or "./data"), download)
     tx, ty, vx, vy = (torch.from_numpy(np.array(a)) for a in arrays)
     ty, vy = ty.long(), vy.long()
+    labels = torch.cat([ty, vy])
+    if tx.dtype != torch.uint8 or tx.ndim != 4 or labels.min() < 0 or labels.max() >= CLASSES[name]:
+        raise ValueError(f"{name}: the files hold no uint8 images with labels 0..{CLASSES[name] - 1}; "
+                         "replace them with the official files")
     pad, flip = {"digits": (1, False), "fashion_mnist": (2, True), "svhn": (4, False)}.get(name, (4, True))
-    return Dataset(name, tx, ty, vx, vy, int(ty.max()) + 1, pad, flip)
+    return Dataset(name, tx, ty, vx, vy, CLASSES[name], pad, flip)
 
 
 def derived_seed(*key: int) -> int:

@@ -73,7 +73,7 @@ def test_fashion_mnist_from_the_debian_package():
 def test_missing_files_say_how_to_get_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
         load("fashion_mnist", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py not found .* --data.download true"):
+    with pytest.raises(FileNotFoundError, match="nor cifar-10-batches-py/ found .* --data.download true"):
         load("cifar10", str(tmp_path))
     with pytest.raises(ValueError, match="unknown 'imagenet'"):
         load("imagenet")

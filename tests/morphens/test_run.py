@@ -36,7 +36,7 @@ def run_cli(capsys, *args):
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
         (["--ensemble.family", "mixed", "--ensemble.size", "9"], "error: clusters: g=1 but the members form 3 groups"),
-        (["--data.dataset", "cifar10", "--data.path", "/nonexistent"], "error: cifar10: cifar-10-batches-py not found"),
+        (["--data.dataset", "cifar10", "--data.path", "/nonexistent"], "error: cifar10: neither cifar-10-"),
         (["--config", "/nonexistent.toml"], "error: config file /nonexistent.toml does not exist"),
         (["positional"], "error: unexpected argument 'positional'"),
     ],
