@@ -5,6 +5,7 @@ import pickle
 import numpy as np
 import pytest
 from scipy.io import savemat
+from tests.morphens.conftest import CIFAR10_BINARY, write_records
 
 from morphens.data import load
 from morphens.files import cifar, svhn
@@ -16,38 +17,27 @@ def images(n: int) -> np.ndarray:
     return RNG.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
 
 
-def write_binary(path, x, *label_columns):
-    records = np.concatenate([np.stack(label_columns, 1).astype(np.uint8), x.reshape(len(x), -1)], 1)
-    records.tofile(path)
-
-
-@pytest.fixture
-def cifar10_parts():
-    return [(images(3), RNG.integers(0, 10, 3)) for _ in range(6)]  # 5 train batches and the test batch
-
-
-def test_cifar10_binary_and_python_layouts_read_the_same(tmp_path, cifar10_parts):
-    binary, python = tmp_path / "bin" / "cifar-10-batches-bin", tmp_path / "py" / "cifar-10-batches-py"
-    binary.mkdir(parents=True), python.mkdir(parents=True)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name, (x, y) in zip(names, cifar10_parts):
-        write_binary(binary / f"{name}.bin", x, y)
-        with open(python / name, "wb") as f:
-            pickle.dump({"data": x.reshape(3, -1), "labels": y.tolist(), "batch_label": name}, f, protocol=2)
-    from_binary, from_python = cifar("cifar10", tmp_path / "bin", False), cifar("cifar10", tmp_path / "py", False)
+def test_cifar10_binary_and_python_layouts_read_the_same(tmp_path, cifar10_batches):
+    root, parts = cifar10_batches
+    python = tmp_path / "py" / "cifar-10-batches-py"
+    python.mkdir(parents=True)
+    for name, (x, y) in zip(CIFAR10_BINARY, parts):
+        with open(python / name.removesuffix(".bin"), "wb") as f:
+            pickle.dump({"data": x.reshape(len(x), -1), "labels": y.tolist(), "batch_label": name}, f, protocol=2)
+    from_binary, from_python = cifar("cifar10", root, False), cifar("cifar10", tmp_path / "py", False)
     for a, b in zip(from_binary, from_python):
         np.testing.assert_array_equal(a, b)
     train_x, train_y, test_x, test_y = from_binary
-    assert train_x.shape == (15, 3, 32, 32) and test_x.shape == (3, 3, 32, 32)
-    np.testing.assert_array_equal(train_x[3], cifar10_parts[1][0][0])  # channel-major records, batches in order
-    np.testing.assert_array_equal(test_y, cifar10_parts[5][1])
+    assert train_x.shape == (40, 3, 32, 32) and test_x.shape == (8, 3, 32, 32)
+    np.testing.assert_array_equal(train_x[8], parts[1][0][0])  # channel-major records, batches in order
+    np.testing.assert_array_equal(test_y, parts[5][1])
 
 
 def test_cifar100_uses_the_fine_labels(tmp_path):
     x, coarse, fine = images(4), np.array([1, 2, 3, 4]), np.array([91, 5, 60, 99])
     (tmp_path / "cifar-100-binary").mkdir()
     for name in ("train", "test"):
-        write_binary(tmp_path / "cifar-100-binary" / f"{name}.bin", x, coarse, fine)
+        write_records(tmp_path / "cifar-100-binary" / f"{name}.bin", x, coarse, fine)
     data = load("cifar100", str(tmp_path))
     assert data.num_classes == 100 and data.test_y.tolist() == fine.tolist() and data.flip
     (tmp_path / "cifar-100-binary" / "train.bin").unlink()
@@ -94,15 +84,11 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path, monkeypatch):
         (lambda f: f.unlink(), "lacks data_batch_2.bin"),
     ],
 )
-def test_damaged_cifar_files_are_named(tmp_path, cifar10_parts, damage, message):
-    folder = tmp_path / "cifar-10-batches-bin"
-    folder.mkdir()
-    names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
-    for name, (x, y) in zip(names, cifar10_parts):
-        write_binary(folder / name, x, y)
-    damage(folder / "data_batch_2.bin")
+def test_damaged_cifar_files_are_named(cifar10_batches, damage, message):
+    root, _ = cifar10_batches
+    damage(root / "cifar-10-batches-bin" / "data_batch_2.bin")
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        cifar("cifar10", tmp_path, False)
+        cifar("cifar10", root, False)
 
 
 def test_labels_out_of_range_mean_wrong_files(tmp_path):
@@ -111,8 +97,8 @@ def test_labels_out_of_range_mean_wrong_files(tmp_path):
     with pytest.raises(ValueError, match="train_32x32.mat: labels outside 1..10"):
         load("svhn", str(tmp_path))
     (tmp_path / "cifar-10-batches-bin").mkdir()
-    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
-        write_binary(tmp_path / "cifar-10-batches-bin" / name, images(1), np.array([12]))
+    for name in CIFAR10_BINARY:
+        write_records(tmp_path / "cifar-10-batches-bin" / name, images(1), np.array([12]))
     with pytest.raises(ValueError, match="cifar10: the files hold no uint8 images with labels 0..9"):
         load("cifar10", str(tmp_path))
 

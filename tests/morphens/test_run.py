@@ -144,3 +144,17 @@ def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tm
     independent(cfg, data, members, labels)
     mothernets(cfg, data, members, labels)
     assert len(seeds) == 12 + 12 + 12 and len(set(seeds)) == len(seeds)
+
+
+def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar10_batches):
+    """CIFAR-10 as its binary files hold it (random pixels here), ResNet members, the titan engine end to end."""
+    root, parts = cifar10_batches
+    code, out, err = run_cli(capsys, "--data.dataset", "cifar10", "--data.path", str(root), "--ensemble.family",
+                             "resnet", "--ensemble.blocks", "2", "--ensemble.width", "4", "--ensemble.size", "2",
+                             "--training.batch_size", "8", "--training.epochs", "0.2", "--mothernet.mother_epochs",
+                             "0.2", "--mothernet.hatch_epochs", "0.2", "--run.out", str(tmp_path / "out"))
+    assert code == 0, err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert [r["method"] for r in results] == ["mothernets", "independent"]
+    assert all(len(r["member_acc"]) == 2 and 0 <= r["ensemble_acc"] <= 100 for r in results)
+    assert (tmp_path / "out" / "nets" / "hatched-1-of-2" / "metrics.jsonl").exists()
