@@ -158,3 +158,26 @@ def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar1
     assert [r["method"] for r in results] == ["mothernets", "independent"]
     assert all(len(r["member_acc"]) == 2 and 0 <= r["ensemble_acc"] <= 100 for r in results)
     assert (tmp_path / "out" / "nets" / "hatched-1-of-2" / "metrics.jsonl").exists()
+
+
+def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
+    """g = 2, snapshots = 2, four members: four distinct snapshot mothers, two per cluster, one per member pair."""
+    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "4", "training.batch_size": "64",
+                 "training.engine": "local", "mothernet.mother_epochs": "0.2", "mothernet.hatch_epochs": "0.1",
+                 "mothernet.snapshot_epochs": "0.2", "mothernet.clusters": "2", "mothernet.snapshots": "2",
+                 "run.out": str(tmp_path)}
+    cfg = load_config("", list(overrides.items()))
+    data, members, _ = prepare(cfg)
+    hatched_from = {}
+
+    def spy(mother, member, **kw):
+        hatched_from[members.index(member)] = mother
+        return hatch(mother, member, **kw)
+
+    monkeypatch.setattr(run, "hatch", spy)
+    out = mothernets(cfg, data, members, eval_labels(data))
+    assert [len(m["snapshot_acc"]) for m in out["mothers"]] == [2, 2]
+    assert len({id(m) for m in hatched_from.values()}) == 4
+    for mother in out["mothers"]:
+        first, second = (hatched_from[i] for i in mother["members"])
+        assert first.arch == mother_of([members[i] for i in mother["members"]]) == second.arch
