@@ -77,6 +77,8 @@ class Ensemble:
 class MotherNet:
     clusters: int = 1
     """g: number of clusters, each with its own mother (1 = cheapest, K = independent training)."""
+    members_per_cluster: int = 0
+    """When > 0, g = ceil(K / members_per_cluster) at every ensemble size K of a sweep (overrides clusters)."""
     mother_epochs: float = 24.0
     """Epochs of mother training: long, since a small mother is cheap and its accuracy bounds the members'."""
     hatch_epochs: float = 2.0
@@ -93,9 +95,14 @@ class MotherNet:
     snapshot_epochs: float = 2.0
     """Epochs of each warm-restart cycle (peak training.lr, cosine to zero); counted in the mother's cost."""
 
+    def clusters_for(self, k: int) -> int:
+        """g for an ensemble of k members."""
+        return -(-k // self.members_per_cluster) if self.members_per_cluster else self.clusters
+
     def __post_init__(self):
-        if self.clusters < 1:
-            raise ValueError(f"mothernet.clusters must be >= 1, got {self.clusters}")
+        if self.clusters < 1 or self.members_per_cluster < 0:
+            raise ValueError(f"mothernet: clusters must be >= 1 and members_per_cluster >= 0 (0 = use clusters), got "
+                             f"{self.clusters} and {self.members_per_cluster}")
         if self.mother_epochs <= 0 or self.hatch_epochs < 0:
             raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
         if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:

@@ -103,7 +103,7 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     m, t = cfg.mothernet, cfg.training
     flops = seconds = cpu_seconds = param_epochs = 0.0
     calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
-    groups = cluster(members, m.clusters)
+    groups = cluster(members, m.clusters_for(len(members)))
     mothers: list[dict] = []
     trained = {}
     for c, idx in enumerate(groups):
@@ -158,10 +158,10 @@ def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
     if max(sizes) > len(members):
         raise ValueError(f"run.sizes: {max(sizes)} exceeds the {len(members)} explicit members")
     for k in sizes:
-        if cfg.mothernet.clusters > k:
+        if cfg.mothernet.clusters_for(k) > k:
             raise ValueError(f"mothernet.clusters: g={cfg.mothernet.clusters} is larger than the ensemble size {k}; "
                              "use g <= K")
-        for idx in cluster(members[:k], cfg.mothernet.clusters):
+        for idx in cluster(members[:k], cfg.mothernet.clusters_for(k)):
             mother_of([members[i] for i in idx])
     return data, members, sizes
 
@@ -183,7 +183,7 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
     results = []
     base = independent(cfg, data, members[:max(sizes)], labels) if cfg.run.baseline else []
     for k in sizes:
-        log(f"K={k}: MotherNets with g={cfg.mothernet.clusters}")
+        log(f"K={k}: MotherNets with g={cfg.mothernet.clusters_for(k)}")
         mn = mothernets(cfg, data, members[:k], labels)
         mn["members"] = [arch_to_dict(a) for a in members[:k]]
         results.append(mn)

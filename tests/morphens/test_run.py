@@ -32,6 +32,7 @@ def run_cli(capsys, *args):
         (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
         (["--mothernet.snapshots", "0"], "error: mothernet: snapshots must be >= 1"),
         (["--training.seed", "-1"], "error: training.seed must be >= 0, got -1"),
+        (["--mothernet.members_per_cluster", "-2"], "error: mothernet: clusters must be >= 1 and members_per_cluster"),
         (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
@@ -181,3 +182,12 @@ def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
     for mother in out["mothers"]:
         first, second = (hatched_from[i] for i in mother["members"])
         assert first.arch == mother_of([members[i] for i in mother["members"]]) == second.arch
+
+
+def test_members_per_cluster_scales_g_with_the_ensemble_size(capsys, tmp_path):
+    code, _, err = run_cli(capsys, *DIGITS, "--sizes", "2,5", "--ensemble.family", "mlp", "--training.engine", "local",
+                           "--mothernet.members_per_cluster", "2", "--mothernet.mother_epochs", "0.2",
+                           "--mothernet.hatch_epochs", "0.1", "--run.baseline", "false", "--run.out", str(tmp_path))
+    assert code == 0, err
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["ensemble_size"], r["clusters"]) for r in results] == [(2, 1), (5, 3)]
