@@ -106,3 +106,27 @@ def test_labels_out_of_range_mean_wrong_files(tmp_path):
 def test_missing_svhn_says_where_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_32x32.mat not found .* download http://ufldl"):
         svhn(tmp_path, False)
+
+
+def test_download_fetches_the_official_archive_then_reads_it(tmp_path, monkeypatch, cifar10_batches):
+    import torchvision.datasets.utils
+
+    _, parts = cifar10_batches
+    fetched = []
+
+    def fake_download(url, root, md5=None):  # what the archive holds: the python layout
+        fetched.append((url, md5))
+        folder = tmp_path / "fresh" / "cifar-10-batches-py"
+        folder.mkdir(parents=True)
+        for name, (x, y) in zip(CIFAR10_BINARY, parts):
+            with open(folder / name.removesuffix(".bin"), "wb") as f:
+                pickle.dump({"data": x.reshape(len(x), -1), "labels": y.tolist()}, f)
+
+    monkeypatch.setattr(torchvision.datasets.utils, "download_and_extract_archive", fake_download)
+    with pytest.raises(FileNotFoundError):
+        cifar("cifar10", tmp_path / "fresh", False)
+    train_x, *_ = cifar("cifar10", tmp_path / "fresh", True)
+    assert fetched == [("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")]
+    assert train_x.shape == (40, 3, 32, 32)
+    cifar("cifar10", tmp_path / "fresh", True)  # files present: no second download
+    assert len(fetched) == 1
