@@ -14,6 +14,15 @@ from morphens.train import eval_labels, steps_for
 DIGITS = ["--data.dataset", "digits", "--training.batch_size", "64"]
 
 
+def tiny_mlp_ensemble(tmp_path, settings: dict[str, str]):
+    """(config, data, members) of a quick local-engine MLP ensemble on digits; `settings` override the defaults."""
+    defaults = {"data.dataset": "digits", "ensemble.family": "mlp", "training.batch_size": "64",
+                "training.engine": "local", "mothernet.hatch_epochs": "0.1", "run.out": str(tmp_path)}
+    cfg = load_config("", list({**defaults, **settings}.items()))
+    data, members, _ = prepare(cfg)
+    return cfg, data, members
+
+
 def run_cli(capsys, *args):
     code = main(list(args))
     out, err = capsys.readouterr()
@@ -101,11 +110,8 @@ def test_json_config_gives_the_same_members_as_toml(tmp_path):
 
 def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(monkeypatch, tmp_path):
     """snapshots = 2: member j hatches from snapshot j % 2, two distinct mothers; the extra cycle is paid for."""
-    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "3", "training.batch_size": "64",
-                 "training.engine": "local", "mothernet.mother_epochs": "1", "mothernet.hatch_epochs": "0.1",
-                 "mothernet.noise": "0", "mothernet.snapshot_epochs": "1", "run.out": str(tmp_path)}
-    cfg = load_config("", list(overrides.items()))
-    data, members, _ = prepare(cfg)
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "3", "mothernet.mother_epochs": "1",
+                                                      "mothernet.noise": "0", "mothernet.snapshot_epochs": "1"})
     labels = eval_labels(data)
     single = mothernets(cfg, data, members, labels)
     hatched_from = []
@@ -127,12 +133,9 @@ def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(
 
 def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tmp_path):
     """12 snapshots: with seed offsets, cycle 10 used to repeat hatched member 0's order."""
-    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "12", "training.epochs": "0.1",
-                 "training.batch_size": "64", "training.engine": "local", "mothernet.mother_epochs": "0.1",
-                 "mothernet.hatch_epochs": "0.1", "mothernet.snapshots": "12", "mothernet.snapshot_epochs": "0.1",
-                 "run.out": str(tmp_path)}
-    cfg = load_config("", list(overrides.items()))
-    data, members, _ = prepare(cfg)
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "12", "training.epochs": "0.1",
+                                                      "mothernet.mother_epochs": "0.1", "mothernet.snapshots": "12",
+                                                      "mothernet.snapshot_epochs": "0.1"})
     seeds = []
     real_fit = run.fit
 
@@ -163,12 +166,9 @@ def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar1
 
 def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
     """g = 2, snapshots = 2, four members: four distinct snapshot mothers, two per cluster, one per member pair."""
-    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "4", "training.batch_size": "64",
-                 "training.engine": "local", "mothernet.mother_epochs": "0.2", "mothernet.hatch_epochs": "0.1",
-                 "mothernet.snapshot_epochs": "0.2", "mothernet.clusters": "2", "mothernet.snapshots": "2",
-                 "run.out": str(tmp_path)}
-    cfg = load_config("", list(overrides.items()))
-    data, members, _ = prepare(cfg)
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "4", "mothernet.mother_epochs": "0.2",
+                                                      "mothernet.snapshot_epochs": "0.2", "mothernet.clusters": "2",
+                                                      "mothernet.snapshots": "2"})
     hatched_from = {}
 
     def spy(mother, member, **kw):
