@@ -1,5 +1,5 @@
 """Checkpoint costs, side by side in one process: DCP save/load throughput vs plain torch.save/torch.load,
-and how long the training loop is blocked per save, sync vs async.
+and how long the training loop is blocked per save, sync vs async (staging into a reused buffer vs a fresh copy).
 
 Blocked time per save = the time inside `save()` until control returns (in async mode: the wait for the
 previous save to finish plus staging this one) plus the wait for the last save at `close()`, over the number
@@ -69,11 +69,13 @@ def model_args(args) -> list[str]:
 
 
 def save_costs(out: Path, args, mode: str) -> dict:
-    """A run saving every `interval` steps in `mode` ("none": no checkpoints) timed around its saves."""
+    """A run saving every `interval` steps in `mode` timed around its saves: "disabled" (sync), "async" (staging
+    into a reused buffer), "async_fresh" (a new staging copy per save) or "none" (no checkpoints)."""
     folder = out / f"run_{mode}"
     shutil.rmtree(folder, ignore_errors=True)
     ckpt = [] if mode == "none" else ["--checkpoint.enable", "--checkpoint.interval", str(args.interval),
-                                      "--checkpoint.async_mode", mode]
+                                      "--checkpoint.async_mode", "async" if mode.startswith("async") else mode,
+                                      "--checkpoint.reuse_staging_buffer", str(mode != "async_fresh").lower()]
     trainer = Trainer(parse_args([*model_args(args), *ckpt, "--training.steps", str(args.steps),
                                   "--metrics.log_freq", "1", "--job.dump_folder", str(folder)]))
     timed = {"save": [], "wait": []}
@@ -114,12 +116,12 @@ def main() -> None:
                                 "--job.dump_folder", str(out / "probe")]))
     probe.train()
     result = {"params_m": sum(p.numel() for p in probe.model.parameters()) / 1e6, **throughput(probe, out / "io")}
-    runs: dict[str, list[dict]] = {"disabled": [], "async": [], "none": []}
+    runs: dict[str, list[dict]] = {"disabled": [], "async": [], "async_fresh": [], "none": []}
     for _ in range(args.repeats):
         for mode in runs:
             runs[mode].append(save_costs(out, args, mode))
     median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    sync, asyn, none = median["disabled"], median["async"], median["none"]
+    sync, asyn, fresh, none = median["disabled"], median["async"], median["async_fresh"], median["none"]
     result.update({
         "saves_per_run": sync["saves"],
         "full_save_s": sync["blocked_per_save_s"],  # a sync save blocks for all of it
@@ -127,6 +129,8 @@ def main() -> None:
         "async_staging_s": asyn["staging_per_save_s"],
         "async_waits_s": asyn["blocked_per_save_s"] - asyn["staging_per_save_s"],
         "async_final_wait_s": asyn["final_wait_s"],
+        "async_staging_s_fresh_buffer": fresh["staging_per_save_s"],
+        "staging_reused_vs_fresh": asyn["staging_per_save_s"] / fresh["staging_per_save_s"],
         "blocked_async_vs_sync": asyn["blocked_per_save_s"] / sync["blocked_per_save_s"],
         "step_s_no_checkpoint": none["step_s"],
         "step_s_sync": sync["step_s"],
