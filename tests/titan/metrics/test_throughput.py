@@ -16,14 +16,18 @@ def test_gpu_peak_table(name, peak):
     assert throughput.gpu_peak_tflops(name) == peak
 
 
-def test_cpu_peak_is_measured_once_then_cached(tmp_path, monkeypatch):
+def test_cpu_peak_is_measured_once_per_process_and_the_cache_keeps_the_best(tmp_path, monkeypatch):
     monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
-    calls = []
-    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda: calls.append(1) or 0.5)
-    assert throughput.cpu_peak_tflops() == 0.5
-    assert throughput.cpu_peak_tflops() == 0.5
-    assert calls == [1]
-    assert list(json.loads((tmp_path / "cpu_peak_tflops.json").read_text()).values()) == [0.5]
+    measurements = [0.5, 0.2, 0.7]  # three processes; the second ran on a loaded machine
+    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda: measurements.pop(0))
+    seen = []
+    for _ in range(3):
+        throughput.cpu_peak_tflops.cache_clear()  # a new process
+        seen.append(throughput.cpu_peak_tflops())
+        assert throughput.cpu_peak_tflops() == seen[-1]  # once per process
+    throughput.cpu_peak_tflops.cache_clear()
+    assert seen == [0.5, 0.5, 0.7] and not measurements
+    assert list(json.loads((tmp_path / "cpu_peak_tflops.json").read_text()).values()) == [0.7]
 
 
 def test_measured_cpu_peak_is_a_plausible_matmul_rate():
