@@ -247,6 +247,9 @@ class Trainer:
                              f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
         if cfg.comm.mode == "fake":
             raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
+        if cfg.metrics.comm_stats and cfg.compile.enable:
+            raise ValueError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
+                             "trace: count them in an eager run (--compile.enable false)")
         if cfg.parallelism.enable_async_tensor_parallel:
             if device_type() != "cuda":
                 raise ValueError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "

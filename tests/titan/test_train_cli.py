@@ -39,6 +39,7 @@ def test_exit_code_and_stderr_of_the_real_process(tmp_path):
         (["--parallelism.enable_async_tensor_parallel", "true", "--compile.enable"],
          "needs CUDA (symmetric memory); on the CPU drop --parallelism.enable_async_tensor_parallel"),
         (["--float8.enable_fsdp_float8_all_gather", "true"], "needs --float8.enable"),
+        (["--metrics.comm_stats", "true", "--compile.enable"], "count them in an eager run (--compile.enable false)"),
         (["--float8.enable", "--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather", "true"],
          "needs float8.recipe = 'tensorwise'"),
     ],
