@@ -194,14 +194,15 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
     t_compute = (linear / (hw.float8_speedup if lay.float8 else 1.0)) / speed + t_attention
 
     # Tensor/sequence parallel: each block gathers before and reduce-scatters after attention and MLP, mirrored
-    # in backward, and again when the block is recomputed (the checkpoint policy does not save collectives).
+    # in backward. Recomputing a block repeats both gathers; of its reduce-scatters, a fully recomputed block
+    # repeats only the attention one (recomputation stops once backward has what it needs, before the MLP's) and
+    # op-SAC none (its policy saves reduce-scatter outputs). Measured with metrics.comm_stats.
     act = lay.microbatch_seqs * (lay.seq_len // c) * a.dim * lay.param_bytes
     blocks = sum(len(p.layers) for p in info.parts)
-    recomputed = sum(p.full_ac_blocks + p.op_ac_blocks for p in info.parts)
-    per_kind = 4 * blocks + 2 * recomputed
-    per_kind += sum(p.has_embedding + p.has_output for p in info.parts)
-    col.add("tp", "tp", t, "all_gather", per_kind * passes, act, False)
-    col.add("tp", "tp", t, "reduce_scatter", per_kind * passes, act, False)
+    full, op = (sum(p.full_ac_blocks for p in info.parts), sum(p.op_ac_blocks for p in info.parts))
+    ends = sum(p.has_embedding + p.has_output for p in info.parts)
+    col.add("tp", "tp", t, "all_gather", (4 * blocks + 2 * (full + op) + ends) * passes, act, False)
+    col.add("tp", "tp", t, "reduce_scatter", (4 * blocks + full + ends) * passes, act, False)
     if any(p.has_output for p in info.parts):
         logits = lay.microbatch_seqs * (lay.seq_len // c)
         if lay.loss_parallel:
