@@ -62,6 +62,7 @@ class _ArrayUnpickler(pickle.Unpickler):
     """Rebuilds dicts, lists, strings and numpy arrays; any other global in the stream is refused."""
 
     ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),  # protocol 5
                ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # bytes in Python 3's protocol 2
 
     def find_class(self, module: str, name: str):

@@ -1,6 +1,7 @@
 """The dataset file readers, on small files written in each official layout."""
 
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -44,9 +45,14 @@ def test_cifar100_uses_the_fine_labels(tmp_path):
     (tmp_path / "cifar-100-python").mkdir()
     for name in ("train", "test"):
         with open(tmp_path / "cifar-100-python" / name, "wb") as f:
-            pickle.dump({b"data": x.reshape(4, -1), b"fine_labels": fine.tolist(), b"coarse_labels": coarse}, f)
+            pickle.dump({b"data": x.reshape(4, -1), b"fine_labels": fine.tolist(), b"coarse_labels": coarse}, f,
+                        protocol=5)
     with pytest.raises(FileNotFoundError, match="cifar-100-binary lacks train.bin; extract the whole"):
-        cifar("cifar100", tmp_path, False)
+        cifar("cifar100", tmp_path, False)  # a broken binary layout is reported, not passed over
+    shutil.rmtree(tmp_path / "cifar-100-binary")
+    train_x, train_y, _, test_y = cifar("cifar100", tmp_path, False)  # protocol-5 pickles of the python layout
+    np.testing.assert_array_equal(train_x, x)
+    assert train_y.tolist() == test_y.tolist() == fine.tolist()
 
 
 def test_svhn_mat_files_with_label_10_for_zero(tmp_path):
