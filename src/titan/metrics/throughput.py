@@ -52,12 +52,15 @@ def measure_cpu_peak_tflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e12
 
 
-@functools.cache
 def cpu_peak_tflops() -> float:
-    """The best rate this CPU model and thread count has shown: measured once per process, and the cache keeps the
-    maximum over runs, so a measurement taken while other jobs load the machine (too low, which would inflate
-    MFU) gives way to the next better one."""
-    key = f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    """The best rate this CPU model and thread count has shown: measured once per process and thread count, and
+    the cache keeps the maximum over runs, so a measurement taken while other jobs load the machine (too low,
+    which would inflate MFU) gives way to the next better one."""
+    return _best_cpu_peak_tflops(f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}")
+
+
+@functools.cache
+def _best_cpu_peak_tflops(key: str) -> float:
     path = cache_dir() / "cpu_peak_tflops.json"
     table = {}
     if path.is_file():
