@@ -28,6 +28,7 @@ from morphens.mother import cluster, mother_of
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.config.manager import split_cli
 from titan.distributed.runtime import init_distributed
+from titan.metrics.throughput import cpu_peak_tflops
 
 INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
 """Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
@@ -177,6 +178,8 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
     warm = torch.nn.Parameter(torch.zeros(1))
     warm.grad = torch.zeros(1)
     torch.optim.AdamW([warm]).step()
+    if cfg.training.engine == "titan":
+        cpu_peak_tflops()  # titan's MFU measures it once per process: not inside the first member's time
     labels = eval_labels(data, cfg.data.test_limit)
     log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
         + ", ".join(describe(a) for a in members[:max(sizes)]))
