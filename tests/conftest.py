@@ -1,4 +1,16 @@
 import os
+import shutil
+
+import pytest
 
 # Tests share two cores with other test processes: one intra-op thread per process keeps runs predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(tmp_path_factory, request):
+    """A folder shared by one module's tests, removed when the module is done: checkpoints of several runs would
+    otherwise stay on disk for the whole session (gigabytes over the suite)."""
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

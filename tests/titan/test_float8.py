@@ -115,10 +115,10 @@ def test_apply_float8_swaps_block_linears_but_not_the_output_or_odd_dims():
 
 
 @pytest.fixture(scope="module")
-def bf16_losses(tmp_path_factory):
+def bf16_losses(module_tmp_path):
     from tests.titan.conftest import TINY
 
-    folder = tmp_path_factory.mktemp("bf16")
+    folder = module_tmp_path / "bf16"
     run_train([*TINY, *CURVE, "--job.dump_folder", str(folder)])
     return losses(folder)
 
@@ -155,12 +155,13 @@ def test_float8_all_gather_is_refused_with_tensor_parallel():
 
 
 @pytest.fixture(scope="module")
-def fsdp_all_gather_runs(tmp_path_factory):
+def fsdp_all_gather_runs(module_tmp_path):
     """Two 2-rank FSDP float8 runs of 3 steps in one torchrun, without and with float8 all-gather; collectives
     counted over steps 2-3 (see _worker)."""
     from tests.titan.conftest import TINY
 
-    out = tmp_path_factory.mktemp("fp8_all_gather")
+    out = module_tmp_path / "fp8_all_gather"
+    out.mkdir()
     run_train([str(out / "runs.json"), *TINY, *CURVE, "--training.steps", "3", "--training.local_batch_size", "1",
                "--float8.enable", "--job.dump_folder", str(out / "run")],
               nproc=2, module="tests.titan.test_float8", timeout=180)

@@ -41,9 +41,9 @@ def test_schedule_warms_up_before_recording():
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory):
+def profiled(module_tmp_path):
     """Five steps with traces and memory reports every second step."""
-    folder = tmp_path_factory.mktemp("profiled")
+    folder = module_tmp_path
     train(folder, 5, "--profiling.enable_profiling", "--profiling.profile_freq", "2",
           "--profiling.enable_memory_snapshot")
     return folder

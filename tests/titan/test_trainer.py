@@ -29,9 +29,9 @@ def test_training_on_the_corpus_lowers_the_loss(tmp_path, tiny_args):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(module_tmp_path):
     """One process, global batch 4 as two accumulated micro-batches of 2."""
-    folder = tmp_path_factory.mktemp("single")
+    folder = module_tmp_path / "single"
     from tests.titan.conftest import TINY
 
     run_train([*TINY, "--training.steps", "3", "--training.global_batch_size", "4", "--job.dump_folder", str(folder)])

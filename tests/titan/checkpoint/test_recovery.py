@@ -23,9 +23,9 @@ CKPT = [*TINY, "--checkpoint.enable", "--checkpoint.interval", "1"]
 
 
 @pytest.fixture(scope="module")
-def three_steps(tmp_path_factory):
+def three_steps(module_tmp_path):
     """A run with committed checkpoints at steps 1, 2 and 3."""
-    folder = tmp_path_factory.mktemp("three")
+    folder = module_tmp_path / "three"
     run_train([*CKPT, "--training.steps", "3", "--job.dump_folder", str(folder)])
     return folder
 

@@ -11,8 +11,8 @@ ARGS = [*TINY, "--training.steps", "4", "--training.global_batch_size", "4", "--
 
 
 @pytest.fixture(scope="module")
-def dp2_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dp2")
+def dp2_run(module_tmp_path):
+    folder = module_tmp_path / "dp2"
     run_train([*ARGS, "--job.dump_folder", str(folder)], nproc=2)
     return folder
 

@@ -16,8 +16,8 @@ F32 = 4  # bytes
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("comm_stats")
+def counted(module_tmp_path):
+    out = module_tmp_path
     run_train([str(out / "counts.json"), *TINY, "--job.dump_folder", str(out / "run")], nproc=2,
               module="tests.titan.distributed.test_comm_stats", timeout=120)
     return json.loads((out / "counts.json").read_text())

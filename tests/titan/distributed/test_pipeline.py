@@ -54,8 +54,8 @@ PP_ARGS = [*TINY, "--model.n_layers", "4", "--training.steps", "3", "--training.
 
 
 @pytest.fixture(scope="module")
-def four_layer_reference(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("pp_ref")
+def four_layer_reference(module_tmp_path):
+    folder = module_tmp_path / "pp_ref"
     run_train([*PP_ARGS, "--job.dump_folder", str(folder)])
     return read_metrics(folder)
 
