@@ -222,7 +222,8 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method, marker in (("independent", "s"), ("mothernets", "o")):
+    # Labels go below independent points and above MotherNets ones: at K = 1 the two methods are the same point.
+    for method, marker, label_dy in (("independent", "s", -10), ("mothernets", "o", 4)):
         rows = [r for r in results if r["method"] == method]
         if not rows:
             continue
@@ -230,7 +231,7 @@ def plot(results: list[dict], path: Path) -> None:
                   label=method)
         for r in rows:
             left.annotate(f"K={r['ensemble_size']}", (r["train_cost"] / 1e12, r["ensemble_acc"]), fontsize=8,
-                          textcoords="offset points", xytext=(4, -10))
+                          textcoords="offset points", xytext=(4, label_dy))
     left.set(xscale="log", xlabel="training cost (TFLOPs)", ylabel="ensemble accuracy (%)",
              title="Ensemble accuracy vs training cost")
     left.legend()
