@@ -234,6 +234,8 @@ def plot(results: list[dict], path: Path) -> None:
                           textcoords="offset points", xytext=(4, label_dy))
     left.set(xscale="log", xlabel="training cost (TFLOPs)", ylabel="ensemble accuracy (%)",
              title="Ensemble accuracy vs training cost")
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a short log range
+    left.margins(x=0.12)  # room for the last point's label
     left.legend()
     mn = [r for r in results if "cost_ratio" in r]
     if mn:
