@@ -234,7 +234,10 @@ def plot(results: list[dict], path: Path) -> None:
                           textcoords="offset points", xytext=(4, label_dy))
     left.set(xscale="log", xlabel="training cost (TFLOPs)", ylabel="ensemble accuracy (%)",
              title="Ensemble accuracy vs training cost")
-    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a short log range
+    # Ticks at 1, 2 and 5 per decade, as plain numbers: a sweep often spans less than one decade of cost.
+    left.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    left.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.margins(x=0.12)  # room for the last point's label
     left.legend()
     mn = [r for r in results if "cost_ratio" in r]
