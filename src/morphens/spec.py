@@ -81,6 +81,7 @@ def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int,
     job.model.name, job.model.spec = SPEC.name, __name__
     t = cfg.training
     job.training.steps, job.training.global_batch_size = steps, t.batch_size
+    job.training.seq_len = 1  # one label per image; the default 256 only showed up, wrongly, in titan's log line
     job.training.local_batch_size = t.batch_size if solo else max(t.batch_size // world_size_from_env(), 1)
     job.training.dataset, job.training.dataset_path = dataset_uri(cfg), cfg.data.path
     job.training.mixed_precision_param = "float32"  # small convs gain nothing from bf16 on CPU
