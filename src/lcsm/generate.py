@@ -52,8 +52,8 @@ def load_model(config_path: str, checkpoint: str, overrides: list[str]):
     import torch.distributed.checkpoint as dcp
 
     from lcsm.hyena import hyena_flavors, update_model_args
+    from titan.components.data import build_tokenizer
     from titan.config import parse_args
-    from titan.data import build_tokenizer
 
     job_config = parse_args(["--config", config_path, *overrides])
     tokenizer = build_tokenizer(job_config)

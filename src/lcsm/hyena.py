@@ -16,10 +16,11 @@ from torch.distributed.tensor.parallel import (
 )
 
 from lcsm.model import HyenaArgs, HyenaLM, flops_per_token
-from titan.data import build_text_dataloader, build_tokenizer
+from titan.components.data import build_text_dataloader, build_tokenizer
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
-from titan.metrics.logging import logger
-from titan.spec import ModelSpec, register_model_spec
+from titan.models import register_model_spec
+from titan.protocols.model_spec import ModelSpec
+from titan.tools.logging import logger
 
 hyena_flavors = {
     "debug": HyenaArgs(dim=128, n_layers=4, vocab_size=4096, max_seq_len=1024, filter_hidden=32),

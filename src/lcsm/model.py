@@ -222,6 +222,9 @@ class HyenaLM(nn.Module):
         nn.init.trunc_normal_(self.output.weight, std=self.args.dim**-0.5, a=-3 * self.args.dim**-0.5,
                               b=3 * self.args.dim**-0.5)
 
+    def init_buffers(self, buffer_device: torch.device | None = None) -> None:
+        """HyenaLM keeps no non-persistent buffers: its filters are computed from parameters."""
+
     @torch.no_grad()
     def inference_filters(self) -> torch.Tensor:
         """Every long-convolution filter over the full max_seq_len: (layers x order, dim, max_seq_len)."""

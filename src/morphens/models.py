@@ -98,6 +98,9 @@ class Net(nn.Module):
         # A copy, not a view: FSDP2 warns that in-place ops on a returned view would skip its backward hook.
         return self.head(x).flatten(1).clone()
 
+    def init_buffers(self, buffer_device: torch.device | None = None) -> None:
+        """A Net keeps no non-persistent buffers (BatchNorm statistics are in its state dict)."""
+
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Fresh initialization, also after `to_empty` (which leaves BN buffers uninitialized); the buffers are

@@ -26,9 +26,9 @@ from morphens.models import num_params
 from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
+from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.config.manager import split_cli
 from titan.distributed.runtime import init_distributed
-from titan.metrics.throughput import cpu_peak_tflops
 
 INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
 """Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""

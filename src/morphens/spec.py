@@ -17,7 +17,8 @@ from morphens.config import RunConfig
 from morphens.data import Loader, load
 from morphens.models import Net
 from titan.distributed import apply_data_parallel
-from titan.spec import ModelSpec, register_model_spec
+from titan.models import register_model_spec
+from titan.protocols.model_spec import ModelSpec
 
 FLAVORS = {
     "digits_vgg": VGG((1, 8, 8), 10, ((Conv(16), Conv(16, 5)), (Conv(32),))),

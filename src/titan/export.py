@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from titan.checkpoint import CheckpointError
+from titan.components.checkpoint import CheckpointError
 from titan.config import ConfigError, parse_args
 from titan.models.llama3.hf_adapter import from_hf, hf_config, to_hf
 from titan.trainer import Trainer

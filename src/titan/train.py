@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-from titan.checkpoint import CheckpointError
+from titan.components.checkpoint import CheckpointError
 from titan.config import ConfigError, help_text, parse_args
 from titan.distributed.runtime import shutdown
-from titan.estimate import main as estimate_main
-from titan.estimate import split_args
+from titan.estimate.dry_run import main as estimate_main
+from titan.estimate.dry_run import split_args
 from titan.trainer import NonFiniteLossError, Trainer
 
 USER_ERRORS = (ConfigError, CheckpointError, ValueError, FileNotFoundError, NonFiniteLossError)

@@ -13,13 +13,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from titan.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
+from titan.components.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
+from titan.components.metrics.logger import MetricsLogger
+from titan.components.metrics.throughput import device_peak_tflops, peak_memory_gib
+from titan.components.optimizer import build_lr_scheduler, build_optimizer
 from titan.config import JobConfig, to_toml
-from titan.debug import fault_point
-from titan.distributed import TORCH_DTYPES, ParallelDims, compile_loss
+from titan.config.dtypes import TORCH_DTYPES
+from titan.distributed import ParallelDims, compile_loss
 from titan.distributed.comm_stats import counted_step
 from titan.distributed.pipeline import (
     build_schedule,
@@ -37,12 +41,11 @@ from titan.distributed.runtime import (
     world_size_from_env,
 )
 from titan.distributed.utils import clip_grad_norm_
-from titan.metrics.logger import MetricsLogger
-from titan.metrics.logging import init_logger, logger
-from titan.metrics.throughput import device_peak_tflops, peak_memory_gib
-from titan.optim import build_lr_scheduler, build_optimizer
-from titan.profiling import StepProfiler
-from titan.spec import ModelSpec, get_model_spec
+from titan.models import get_model_spec
+from titan.protocols.model_spec import ModelSpec
+from titan.tools.fault import fault_point
+from titan.tools.logging import init_logger, logger
+from titan.tools.profiling import StepProfiler
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
@@ -160,8 +163,7 @@ class Trainer:
                     own = {k: v for k, v in initial_state_dict.items() if k in names} if pp else initial_state_dict
                     load_full_model_state_dict(part, own, broadcast_from_rank0=full_init and not pp)
                     # Non-persistent buffers (e.g. RoPE tables) are not in state dicts.
-                    if hasattr(part, "init_buffers"):
-                        part.init_buffers(self.device)
+                    part.init_buffers(self.device)
                 else:
                     torch.manual_seed(job_config.debug.seed)
                     part.init_weights(buffer_device=self.device)
@@ -329,7 +331,7 @@ class Trainer:
             labels = labels.to(self.device, non_blocking=True).clone()
             tokens += labels.numel() // self.parallel_dims.cp
             for part in self.model_parts:
-                if hasattr(part, "set_requires_gradient_sync"):
+                if isinstance(part, FSDPModule):
                     part.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
             with torch.autograd.set_detect_anomaly(self.config.debug.detect_anomaly):
                 loss, pred = self._forward_backward(inputs, labels)

@@ -6,7 +6,7 @@ import pytest
 
 from lcsm.hyena import hyena_flavors, hyena_spec, update_model_args
 from tests.titan.conftest import assert_same_run, read_metrics, run_train
-from titan.spec import get_model_spec
+from titan.models import get_model_spec
 
 TINY = ["--config", str(Path(__file__).parents[2] / "configs/lcsm/hyena_debug.toml"), "--model.dim", "32",
         "--model.n_layers", "2", "--training.seq_len", "64", "--training.local_batch_size", "8",

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from titan.metrics.logging import logger
+from titan.tools.logging import logger
 
 # Saving matmul outputs keeps the expensive recomputation away; everything else (norms, activations,
 # elementwise ops) is cheap to redo. Every second mm is still recomputed to bound memory, as TorchTitan does.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from titan.metrics.logging import logger
+from titan.tools.logging import logger
 
 
 def apply_compile(model: nn.Module, compile_config) -> None:

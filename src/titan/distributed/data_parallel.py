@@ -7,9 +7,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from titan.metrics.logging import logger
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from titan.config.dtypes import TORCH_DTYPES
+from titan.tools.logging import logger
 
 
 def apply_fsdp(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from titan.metrics.logging import logger
+from titan.tools.logging import logger
 
 
 @dataclass

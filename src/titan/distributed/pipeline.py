@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
-from titan.metrics.logging import logger
+from titan.tools.logging import logger
 
 V_SCHEDULES = {"ZBVZeroBubble", "DualPipeV"}
 SINGLE_STAGE_SCHEDULES = {"GPipe", "1F1B"}

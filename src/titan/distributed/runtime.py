@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from titan.metrics.logging import logger
+from titan.tools.logging import logger
 
 
 def device_type() -> str:

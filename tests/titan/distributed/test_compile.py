@@ -6,10 +6,10 @@ Tolerance: the compiled loss fuses log-softmax and its reductions, so fp32 losse
 import pytest
 
 from tests.titan.conftest import TINY, losses, run_train
+from titan.components.loss import cross_entropy_loss
 from titan.config.job_config import Compile
 from titan.distributed import apply_compile, compile_loss
 from titan.models.llama3.model import ModelArgs, Transformer
-from titan.spec import cross_entropy_loss
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=16, max_seq_len=64)
 

@@ -8,7 +8,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 from tests.titan.conftest import TINY, run_train
-from titan.checkpoint.safe_reader import SafeFileSystemReader, load_metadata
+from titan.components.checkpoint.safe_reader import SafeFileSystemReader, load_metadata
 from titan.models.llama3 import ModelArgs, Transformer
 from titan.models.llama3.hf_adapter import from_hf, to_hf
 from titan.models.llama3.model import apply_rotary, rope_cache

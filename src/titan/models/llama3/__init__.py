@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from titan.data import build_text_dataloader, build_tokenizer
+from titan.components.data import build_text_dataloader, build_tokenizer
+from titan.models import register_model_spec
 from titan.models.llama3.flavors import llama3_flavors
 from titan.models.llama3.model import ModelArgs, Transformer, flops_per_token
 from titan.models.llama3.parallelize import parallelize_llama
-from titan.spec import ModelSpec, register_model_spec
+from titan.protocols.model_spec import ModelSpec
 
 
 def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:

@@ -16,8 +16,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
-from titan.float8 import apply_float8, enable_float8_all_gather
-from titan.metrics.logging import logger
+from titan.quantization.float8 import apply_float8, enable_float8_all_gather
+from titan.tools.logging import logger
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:

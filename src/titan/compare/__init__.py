@@ -1,0 +1,1 @@
+"""Recipe comparison harness (`python -m titan.compare`)."""

@@ -1,0 +1,1 @@
+"""The pieces a training run is built from: optimizer and lr schedule, checkpointing, metrics, data."""

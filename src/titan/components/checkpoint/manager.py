@@ -1,0 +1,278 @@
+"""CheckpointManager over torch.distributed.checkpoint (DCP), with atomic commits.
+
+A checkpoint is written to `step-N.tmp/` by every rank; after a barrier rank 0 writes `titan.json`
+(what was saved, by which model) and renames the folder to `step-N/`. A folder without that name and
+file is never loaded, so a crash mid-save leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from titan.components.checkpoint.safe_reader import (
+    SafeFileSystemReader,
+    data_file_sizes,
+    load_metadata,
+    verify_checkpoint,
+)
+from titan.tools.fault import fault_point
+from titan.tools.logging import logger
+
+# Flattened optimizer keys ("state.layers.0.w.exp_avg") merge across pipeline stages and reshard.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+PARTIAL = StateDictOptions(strict=False)
+# Saving or loading from one process is intended here, not a misconfiguration.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+STEP_DIR = re.compile(r"^step-(\d+)$")
+MANIFEST = "titan.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for this run (another model, missing step, unreadable)."""
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps with a committed checkpoint, oldest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for entry in folder.iterdir():
+        m = STEP_DIR.match(entry.name)
+        if m and (entry / MANIFEST).is_file() and (entry / ".metadata").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+class ReusedStagingBuffer(BlockingAsyncStager):
+    """Stages each async save into the same host copy of the state, rebuilt only when the state's layout changes.
+
+    A fresh copy per save spends most of its time allocating and first-touching pages (CPU, 304 MiB: 0.10 s
+    fresh vs 0.02 s reused); on CUDA the buffer is pinned, so device-to-host copies run at full speed. The
+    manager waits for the previous save before staging the next, so the buffer is never read while rewritten.
+    """
+
+    def __init__(self):
+        super().__init__(cache_staged_state_dict=True)
+        self._layout = None
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        leaves = torch.utils._pytree.tree_leaves(state_dict)
+        layout = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves]
+        if layout != self._layout:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._layout = layout
+        return _copy_state_dict(state_dict, self.state_dict_cache)
+
+
+class CheckpointManager:
+    def __init__(self, folder: str | Path, checkpoint_config, model_identity: dict[str, Any]):
+        self.folder = Path(folder)
+        self.config = checkpoint_config
+        self.identity = model_identity
+        self._pending: tuple | None = None
+        self._async_group = None
+        self._stager = ReusedStagingBuffer() if checkpoint_config.reuse_staging_buffer else None
+        if checkpoint_config.enable and checkpoint_config.async_mode == "async" and dist.is_initialized():
+            # Background writes must not share the training collectives' group (they would interleave).
+            self._async_group = dist.new_group(backend="gloo")
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enable
+
+    def should_save(self, step: int, last_step: int) -> bool:
+        return self.enabled and (step % self.config.interval == 0 or step == last_step)
+
+    def _state(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, Any]:
+        """One flat, layout-independent state: keys are the full model's parameter names, whatever part of the
+        model (pipeline stages) this rank holds. Scalars travel as tensors so nothing of ours is pickled."""
+        model, optim = {}, {}
+        for part, opt in zip(parts, optimizers):
+            model.update(get_model_state_dict(part))
+            optim.update(get_optimizer_state_dict(part, opt, options=FLAT))
+        return {
+            "model": model,
+            "optimizer": optim,
+            "lr_scheduler": {"last_epoch": torch.tensor(lr_schedulers[0].last_epoch)},
+            "train_state": {k: torch.tensor(v, dtype=torch.int64) for k, v in train_state.items()},
+        }
+
+    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> None:
+        """Writes a full training checkpoint; in async mode returns once the state is staged."""
+        self._write(step, self._state(parts, optimizers, lr_schedulers, train_state),
+                    asynchronous=self.config.async_mode == "async")
+
+    def save_model_only(self, step: int, parts, dtype: torch.dtype) -> None:
+        """Weights only (e.g. a seed checkpoint, or an export for inference) in `dtype`."""
+        model = {}
+        for part in parts:
+            model.update({k: v.to(dtype) for k, v in get_model_state_dict(part).items()})
+        self._write(step, {"model": model}, asynchronous=False)
+
+    def _write(self, step: int, state: dict[str, Any], asynchronous: bool) -> None:
+        self.wait()
+        final = self.folder / f"step-{step}"
+        tmp = self.folder / f"step-{step}.tmp"
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        if asynchronous:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
+                                    async_stager=self._stager)
+            self._pending = (future, step, tmp, final, sorted(state))
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            fault_point("save", step)
+            self._commit(step, tmp, final, sorted(state))
+
+    def wait(self) -> None:
+        """Finishes an async save in flight: waits for every rank's writes, then commits."""
+        if self._pending is None:
+            return
+        future, step, tmp, final, contents = self._pending
+        self._pending = None
+        future.result()
+        fault_point("save", step)
+        self._commit(step, tmp, final, contents)
+
+    def _commit(self, step: int, tmp: Path, final: Path, contents: list[str]) -> None:
+        _barrier()
+        if _rank() == 0:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            manifest = {**self.identity, "step": step, "world_size": world, "contents": contents,
+                        "files": data_file_sizes(tmp)}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            self._prune()
+            logger.info(f"saved checkpoint {final}")
+        _barrier()
+
+    def _prune(self) -> None:
+        k = self.config.keep_latest_k
+        if k > 0:
+            for step in complete_steps(self.folder)[:-k]:
+                shutil.rmtree(self.folder / f"step-{step}", ignore_errors=True)
+
+    def load_latest(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int] | None:
+        """Restores the newest usable checkpoint (or `load_step`); corrupt ones are reported and skipped.
+
+        Returns its train state (step, data position, ...), or None when there is none to resume from.
+        """
+        if not self.enabled:
+            return None
+        steps = complete_steps(self.folder)
+        if self.config.load_step >= 0:
+            if self.config.load_step not in steps:
+                raise CheckpointError(
+                    f"checkpoint.load_step {self.config.load_step} has no complete checkpoint in {self.folder} "
+                    f"(complete: {steps or 'none'}); pick one of those or -1 for the latest"
+                )
+            return self.load(self.config.load_step, parts, optimizers, lr_schedulers, train_state)
+        for step in reversed(steps):
+            try:
+                self._check_usable(self.folder / f"step-{step}")
+            except (ValueError, OSError) as e:
+                logger.warning(f"skipping unusable checkpoint: {e}")
+                continue
+            return self.load(step, parts, optimizers, lr_schedulers, train_state)
+        if steps:
+            raise CheckpointError(f"no usable checkpoint in {self.folder} (all of steps {steps} are damaged); "
+                                  "move them away to start from scratch")
+        return None
+
+    def _check_usable(self, path: Path) -> dict[str, Any]:
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except ValueError:
+            raise ValueError(f"checkpoint {path} has an unreadable {MANIFEST}") from None
+        verify_checkpoint(path, manifest.get("files", {}))
+        return manifest
+
+    def load(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int]:
+        """Restores the states in place and returns the train state: the keys of `train_state` that the
+        checkpoint holds."""
+        path = self.folder / f"step-{step}"
+        try:
+            manifest = self._check_usable(path)
+        except (ValueError, OSError) as e:
+            raise CheckpointError(str(e)) from None
+        for key in ("model", "flavor", "model_args"):
+            if manifest.get(key) != self.identity.get(key):
+                what = "different model dimensions" if key == "model_args" else "another model"
+                raise CheckpointError(
+                    f"checkpoint {path} holds {what} ({manifest.get('model')}/{manifest.get('flavor')}) than this "
+                    f"run ({self.identity.get('model')}/{self.identity.get('flavor')}); use another "
+                    "checkpoint.folder or job.dump_folder"
+                )
+        wanted = set(manifest.get("contents", ["model", "optimizer", "lr_scheduler", "train_state"]))
+        wanted -= set(self.config.exclude_from_loading)
+        state = self._state(parts, optimizers, lr_schedulers, train_state)
+        state = {k: v for k, v in state.items() if k in wanted}
+        if "train_state" in state:
+            # Counters added after the checkpoint was written are not in it: the caller keeps its defaults.
+            saved = set(load_metadata(path).state_dict_metadata)
+            state["train_state"] = {k: v for k, v in state["train_state"].items() if f"train_state.{k}" in saved}
+        try:
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
+        except Exception as e:  # DCP wraps rank failures in its own exception types
+            raise CheckpointError(f"cannot load checkpoint {path}: {str(e).splitlines()[0][:300]}") from e
+        for part, opt, sched in zip(parts, optimizers, lr_schedulers):
+            if "model" in state:
+                set_model_state_dict(part, state["model"], options=PARTIAL)
+            if "optimizer" in state:
+                set_optimizer_state_dict(part, opt, state["optimizer"], options=FLAT)
+            if "lr_scheduler" in state:
+                sched.last_epoch = int(state["lr_scheduler"]["last_epoch"])
+                sched._last_lr = [g["lr"] for g in opt.param_groups]
+        train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
+        logger.info(f"resumed from checkpoint {path} ({', '.join(sorted(state))})")
+        return train_state
+
+
+def load_full_model_state_dict(model, full_state_dict: dict[str, torch.Tensor],
+                               broadcast_from_rank0: bool = False) -> None:
+    """Loads an unsharded state dict into a (possibly sharded) model; each rank keeps its own shard.
+
+    With `broadcast_from_rank0` only rank 0 needs to hold the tensors; the others pass an empty dict.
+    """
+    options = StateDictOptions(full_state_dict=True, strict=True, broadcast_from_rank0=broadcast_from_rank0)
+    set_model_state_dict(model, full_state_dict, options=options)
+
+
+def full_model_state_dict(model) -> dict[str, torch.Tensor]:
+    """The unsharded state dict on every rank (gathered from shards where needed), on the CPU.
+
+    Not `cpu_offload=True`: that gathers to rank 0 only.
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu() for k, v in state.items()}

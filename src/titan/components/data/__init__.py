@@ -1,0 +1,63 @@
+"""Tokenizers and text loaders shared by every language model trained with titan."""
+
+from __future__ import annotations
+
+from titan.components.data.text import (
+    PackedTextLoader,
+    StreamingTextLoader,
+    corpus_id,
+    load_documents,
+    open_hub_stream,
+    split_documents,
+    tokenized_corpus,
+)
+from titan.components.data.tokenizer import BPETokenizer, Llama3Tokenizer, Tokenizer, corpus_bpe_tokenizer
+
+
+def tokenizer_kind(job_config) -> str:
+    kind = job_config.model.tokenizer
+    if kind == "auto":
+        return "bpe" if job_config.model.flavor == "debug" else "llama3"
+    return kind
+
+
+def build_tokenizer(job_config) -> Tokenizer:
+    """The configured tokenizer; the BPE is trained on the training split of the corpus and cached."""
+    if tokenizer_kind(job_config) == "llama3":
+        return Llama3Tokenizer()
+    training = job_config.training
+    if not training.dataset_path and training.dataset != "wiki_offline":
+        raise ValueError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
+                         f"{training.dataset!r}; use --model.tokenizer llama3")
+    return corpus_bpe_tokenizer(
+        lambda: split_documents(load_documents(training), training.validation_fraction, "train"),
+        corpus_id(training),
+        job_config.model.bpe_vocab_size,
+    )
+
+
+def build_text_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer: Tokenizer, split: str = "train"):
+    """A stateful loader of (inputs, labels) token blocks for this data-parallel rank."""
+    training = job_config.training
+    if not training.dataset_path and training.dataset != "wiki_offline":
+        stream = open_hub_stream(training.dataset, "train" if split == "train" else "validation")
+        return StreamingTextLoader(stream, tokenizer, training.text_field, training.seq_len,
+                                   training.local_batch_size, dp_rank, dp_degree)
+    tok_id = f"{tokenizer_kind(job_config)}:{tokenizer.vocab_size}:{job_config.model.bpe_vocab_size}"
+    if tokenizer_kind(job_config) == "bpe":
+        tok_id += f":{corpus_id(training)}"
+    tokens = tokenized_corpus(training, tokenizer, tok_id, split)
+    return PackedTextLoader(
+        tokens,
+        seq_len=training.seq_len,
+        local_batch_size=training.local_batch_size,
+        dp_rank=dp_rank,
+        dp_degree=dp_degree,
+        seed=job_config.debug.seed,
+        shuffle=split == "train",
+        infinite=split == "train",
+    )
+
+
+__all__ = ["BPETokenizer", "Llama3Tokenizer", "PackedTextLoader", "StreamingTextLoader", "Tokenizer",
+           "build_text_dataloader", "build_tokenizer"]

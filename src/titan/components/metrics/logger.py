@@ -1,0 +1,65 @@
+"""Step metrics to the console, metrics.jsonl and tensorboard; written by rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from titan.tools.logging import logger
+
+CONSOLE_KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib", "elapsed_s"}
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class MetricsLogger:
+    def __init__(self, dump_folder: str, enable_jsonl: bool, enable_tensorboard: bool, rank: int):
+        self.is_writer = rank == 0
+        self.jsonl = None
+        self.tb = None
+        if not self.is_writer:
+            return
+        os.makedirs(dump_folder, exist_ok=True)
+        if enable_jsonl:
+            # Append: a resumed run continues the same file.
+            self.jsonl = open(Path(dump_folder) / "metrics.jsonl", "a", buffering=1)
+        if enable_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(Path(dump_folder) / "tb"))
+
+    def log(self, record: dict[str, Any], eta_s: float) -> None:
+        if not self.is_writer:
+            return
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(key, value, record["step"])
+            self.tb.flush()
+        mfu = record.get("mfu")
+        extra = "".join(f"  {k} {v:.4f}" for k, v in record.items() if k not in CONSOLE_KEYS and isinstance(v, float))
+        logger.info(
+            f"step {record['step']:>5}  loss {record['loss']:8.4f}  grad_norm {record['grad_norm']:7.3f}  "
+            f"lr {record['lr']:.2e}  tps {record['tps']:>8,.0f}  "
+            f"mfu {'n/a' if mfu is None else f'{mfu:5.1f}%'}  mem {record['memory_gib']:.2f}GiB"
+            f"{extra}  eta {_fmt_eta(eta_s)}"
+        )
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None

@@ -1,0 +1,333 @@
+"""The analytical half of the estimator: memory, collectives and step time of one rank, from what the dry run
+read back (local shard sizes, FSDP units, checkpointed blocks) and the model's shapes.
+
+Conventions: FLOPs as in `flops_per_token` (6 x non-embedding parameters + 12·L·H·d·T per token), so the stages'
+FLOPs add up to the trainer's MFU numerator; bf16 peak;
+collective times by the ring formulas over the slower of NVLink and the network for the group's span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan.config.dtypes import TORCH_DTYPES
+from titan.distributed.pipeline import stage_ids_for_rank, stages_per_rank
+from titan.estimate.layout import RankInfo, schedule_of
+
+GIB = 2**30
+# Pipeline bubble relative to (p-1)/v microbatch times: zero-bubble schedules fill about two thirds of it by
+# splitting the backward into input and weight gradients.
+BUBBLE_FACTOR = {"InterleavedZeroBubble": 1 / 3, "ZBVZeroBubble": 1 / 3, "DualPipeV": 1 / 3}
+# Optimizer state elements per parameter element (fp32).
+OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2, "SGD": 1}
+
+
+@dataclass
+class Hardware:
+    """Assumptions of the step-time model (command line: --estimate.KEY VALUE)."""
+
+    gpu: str = "H100"
+    """GPU name looked up in titan.components.metrics.throughput for the dense bf16 peak."""
+    peak_tflops: float = 0.0
+    """Dense bf16 peak TFLOP/s per GPU (0 = from gpu)."""
+    mfu: float = 0.5
+    """Fraction of peak the compute kernels sustain; recomputation, communication and bubbles come on top."""
+    compile_speedup: float = 1.15
+    """Compute speed-up assumed with compile.enable."""
+    float8_speedup: float = 1.3
+    """Speed-up of the linear layers assumed with float8.enable."""
+    intra_node_gbps: float = 350.0
+    """Achieved collective bandwidth inside a node, GB/s per GPU (NVLink)."""
+    inter_node_gbps: float = 45.0
+    """Achieved collective bandwidth across nodes, GB/s per GPU (a 400 Gb/s NIC per GPU)."""
+    gpus_per_node: int = 8
+    """GPUs per node: a group whose ranks fit in one node uses intra_node_gbps."""
+    latency_us: float = 20.0
+    """Fixed cost per collective call."""
+    memory_gib: float = 80.0
+    """Device memory per GPU; a plan above it is flagged."""
+
+
+@dataclass
+class Layout:
+    """The run's shape as the estimator needs it, resolved from the config and ParallelDims."""
+
+    args: object
+    dims: object
+    local_batch: int
+    seq_len: int
+    accum: int
+    microbatches: int
+    microbatch_seqs: int
+    schedule: str
+    param_bytes: int
+    reduce_bytes: int
+    optimizer: str
+    momentum: float
+    loss_parallel: bool
+    reshard_after_forward: bool
+    compile: bool
+    float8: bool
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one rank computes per microbatch (its context-parallel share of the sequences)."""
+        return self.microbatch_seqs * self.seq_len // self.dims.cp
+
+
+def make_layout(args, dims, job_config, global_batch: int) -> Layout:
+    t, pcfg = job_config.training, job_config.parallelism
+    microbatches = t.local_batch_size // pcfg.pipeline_parallel_microbatch_size if dims.pp_enabled else 1
+    reshard = pcfg.fsdp_reshard_after_forward
+    return Layout(
+        args=args, dims=dims, local_batch=t.local_batch_size, seq_len=t.seq_len,
+        accum=global_batch // (t.local_batch_size * dims.dp_degree), microbatches=microbatches,
+        microbatch_seqs=t.local_batch_size // microbatches,
+        schedule=schedule_of(dims, pcfg),
+        param_bytes=TORCH_DTYPES[t.mixed_precision_param].itemsize,
+        reduce_bytes=TORCH_DTYPES[t.mixed_precision_reduce].itemsize,
+        optimizer=job_config.optimizer.name, momentum=job_config.optimizer.momentum,
+        loss_parallel=pcfg.enable_loss_parallel, compile=job_config.compile.enable,
+        # The rule of titan.distributed.data_parallel: PP keeps a stage gathered across its microbatches.
+        reshard_after_forward=reshard == "always" or (reshard == "default" and not dims.pp_enabled),
+        float8=job_config.float8.enable,
+    )
+
+
+def layer_params(args) -> dict[str, int]:
+    kv_dim = (args.n_kv_heads or args.n_heads) * args.head_dim
+    q_dim = args.n_heads * args.head_dim
+    return {"wq": args.dim * q_dim, "wk": args.dim * kv_dim, "wv": args.dim * kv_dim, "wo": q_dim * args.dim,
+            "w1": args.dim * args.ffn_hidden_dim, "w2": args.ffn_hidden_dim * args.dim,
+            "w3": args.dim * args.ffn_hidden_dim, "norms": 2 * args.dim}
+
+
+def block_activation_elems(args, tp: int, kind: str) -> float:
+    """Elements saved for backward per local token by one block; "none", "full" or "op" checkpointing.
+
+    SP-sharded tensors count 1/tp, the all-gathered norm outputs and the row-parallel partial sums full width;
+    the fp32 copies made by RoPE count twice.
+    """
+    D, F, hd = args.dim, args.ffn_hidden_dim, args.head_dim
+    H, Hkv = args.n_heads / tp, (args.n_kv_heads or args.n_heads) / tp
+    if kind == "full":
+        return D / tp
+    if kind == "op":
+        # The policy saves odd-numbered matmuls (wq, wv, w1, w2) and the attention output.
+        return D / tp + H * hd + Hkv * hd + F / tp + D + H * hd
+    norms = 2 * D / tp + 2 * D
+    attention = (H + 2 * Hkv) * hd + 2 * (H + Hkv) * hd + 3 * H * hd + 2 * H * hd
+    return norms + attention + 4 * F / tp
+
+
+class Collectives:
+    """Per-step collectives of one rank: group, op, calls, bytes per call, wire bytes and seconds."""
+
+    def __init__(self, hw: Hardware, dims):
+        self.hw, self.dims, self.rows = hw, dims, []
+        sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp,
+                 "tp": dims.tp}
+        order = list(sizes)
+        self.stride = {n: _prod(sizes[m] for m in order[i + 1:]) for i, n in enumerate(order)}
+
+    def bandwidth(self, innermost: str, size: int) -> float:
+        # Mesh dims run pp, dp_replicate, dp_shard, cp, tp (tp fastest): a group spans stride x size ranks.
+        intra = self.stride[innermost] * size <= self.hw.gpus_per_node
+        return 1e9 * (self.hw.intra_node_gbps if intra else self.hw.inter_node_gbps)
+
+    def add(self, group: str, innermost: str, size: int, op: str, calls: float, nbytes: float,
+            overlapped: bool) -> None:
+        if size <= 1 or calls == 0:
+            return
+        factor = {"all_gather": (size - 1) / size, "reduce_scatter": (size - 1) / size,
+                  "all_reduce": 2 * (size - 1) / size, "ring_kv": (size - 1) / size, "send_recv": 1.0}[op]
+        wire = factor * nbytes * calls
+        seconds = wire / self.bandwidth(innermost, size) + calls * self.hw.latency_us * 1e-6
+        self.rows.append({"group": group, "op": op, "group_size": size, "calls": calls, "bytes_per_call": nbytes,
+                          "wire_bytes": wire, "seconds": seconds, "overlapped": overlapped})
+
+    def seconds(self, group: str) -> float:
+        return sum(r["seconds"] for r in self.rows if r["group"] == group)
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _stage_owner(dims, schedule: str) -> dict[int, int]:
+    return {s: r for r in range(dims.pp) for s in stage_ids_for_rank(r, dims.pp, schedule)}
+
+
+def _flops(lay: Layout, part, tokens: int, recompute: bool = True) -> tuple[float, float]:
+    """(linear, attention) FLOPs of one rank for a part over `tokens` local tokens."""
+    a, t = lay.args, lay.dims.tp
+    lp = layer_params(a)
+    block = sum(lp.values())
+    attn = 12 * a.n_heads * a.head_dim * lay.seq_len
+    n = len(part.layers)
+    linear = 6 * block * n + (6 * (a.dim * a.vocab_size + a.dim) if part.has_output else 0)
+    attention = attn * n
+    if recompute:
+        # Full recompute repeats the forward (a third of 6N, and of the attention); op-SAC redoes wk, wo, w3.
+        linear += 2 * block * part.full_ac_blocks + 2 * (lp["wk"] + lp["wo"] + lp["w3"]) * part.op_ac_blocks
+        attention += attn / 3 * part.full_ac_blocks
+    return linear * tokens / t, attention * tokens / t
+
+
+def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> dict:
+    """Memory, collectives and per-microbatch compute of one rank."""
+    a, dims = lay.args, lay.dims
+    t, c, v = dims.tp, dims.cp, stages_per_rank(lay.schedule)
+    tokens = lay.local_tokens
+    passes = lay.microbatches * lay.accum
+    col = Collectives(hw, dims)
+
+    linear = attention = 0.0
+    for part in info.parts:
+        lin, att = _flops(lay, part, tokens)
+        linear, attention = linear + lin, attention + att
+    speed = peak_flops * hw.mfu * (hw.compile_speedup if lay.compile else 1.0)
+    t_attention = attention / speed
+    t_compute = (linear / (hw.float8_speedup if lay.float8 else 1.0)) / speed + t_attention
+
+    # Tensor/sequence parallel: each block gathers before and reduce-scatters after attention and MLP, mirrored
+    # in backward. Recomputing a block repeats both gathers; of its reduce-scatters, a fully recomputed block
+    # repeats only the attention one (recomputation stops once backward has what it needs, before the MLP's) and
+    # op-SAC none (its policy saves reduce-scatter outputs). Measured with metrics.comm_stats.
+    act = lay.microbatch_seqs * (lay.seq_len // c) * a.dim * lay.param_bytes
+    blocks = sum(len(p.layers) for p in info.parts)
+    full, op = (sum(p.full_ac_blocks for p in info.parts), sum(p.op_ac_blocks for p in info.parts))
+    ends = sum(p.has_embedding + p.has_output for p in info.parts)
+    col.add("tp", "tp", t, "all_gather", (4 * blocks + 2 * (full + op) + ends) * passes, act, False)
+    col.add("tp", "tp", t, "reduce_scatter", (4 * blocks + full + ends) * passes, act, False)
+    if any(p.has_output for p in info.parts):
+        logits = lay.microbatch_seqs * (lay.seq_len // c)
+        if lay.loss_parallel:
+            col.add("tp", "tp", t, "all_reduce", 3 * passes, logits * 4, False)
+        else:
+            col.add("tp", "tp", t, "all_gather", passes, logits * a.vocab_size * lay.param_bytes, False)
+
+    # Context parallel (torch's all-gather rotation): K and V (repeated to all query heads before SDPA) are
+    # gathered in forward, again in backward and for fully recomputed blocks, and backward exchanges dK and dV
+    # in fp32 (two calls); it overlaps the attention kernels.
+    kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // t) * a.head_dim * lay.param_bytes
+    full_blocks = sum(p.full_ac_blocks for p in info.parts)
+    kv_calls, grad_calls = 2 * blocks + full_blocks, 2 * blocks
+    ring_bytes = kv_calls * kv + grad_calls * kv / 2 * 4 / lay.param_bytes
+    col.add("cp", "cp", c, "ring_kv", (kv_calls + grad_calls) * passes, ring_bytes / (kv_calls + grad_calls), True)
+
+    # Pipeline: activations forward and their gradients backward at every boundary to a stage on another rank.
+    owner = _stage_owner(dims, lay.schedule)
+    num_stages = dims.pp * v
+    boundary = lay.microbatch_seqs * (lay.seq_len // (c * t)) * a.dim * lay.param_bytes
+    crossings = sum((s > 0 and owner[s - 1] != info.pp_rank) + (s < num_stages - 1 and owner[s + 1] != info.pp_rank)
+                    for s in (p.stage for p in info.parts))
+    col.add("pp", "pp", dims.pp, "send_recv", 2 * crossings * passes, boundary, False)
+
+    # FSDP/HSDP: all-gather unsharded (TP-local) parameters for forward and, when resharded after it, again for
+    # backward; reduce-scatter gradients at each sync: once per step, or per schedule run under PP.
+    unsharded = sum(p.unsharded_params for p in info.parts)
+    local = sum(p.local_params for p in info.parts)
+    if dims.fsdp_enabled:
+        shard_size, shard_inner = dims.dp_shard * c, "cp" if c > 1 else "dp_shard"
+    else:
+        shard_size, shard_inner = dims.dp_replicate, "dp_replicate"
+    units = sum(len(p.block_params) + (p.root_params > 0) for p in info.parts)
+    gather_rounds = lay.accum * (lay.microbatches if dims.pp_enabled and lay.reshard_after_forward else 1)
+    gathered = unsharded
+    gathers = gather_rounds * units
+    if lay.reshard_after_forward:
+        # apply_fsdp keeps each part's last block gathered after forward: backward gathers the others again.
+        kept = [p.block_params[-1] for p in info.parts if p.block_params]
+        gathered += unsharded - sum(kept)
+        gathers += gather_rounds * (units - len(kept))
+    syncs = (lay.accum if dims.pp_enabled else 1) * units
+    col.add("fsdp", shard_inner, shard_size, "all_gather", gathers,
+            gather_rounds * gathered * lay.param_bytes / gathers, True)
+    col.add("fsdp", shard_inner, shard_size, "reduce_scatter", syncs, unsharded * lay.reduce_bytes / units, True)
+    if dims.fsdp_enabled and dims.dp_replicate > 1:
+        col.add("hsdp", "dp_replicate", dims.dp_replicate, "all_reduce", syncs, local * lay.reduce_bytes / units,
+                True)
+
+    t_dp = col.seconds("fsdp") + col.seconds("hsdp")
+    t_mb = (t_compute + (col.seconds("tp") + col.seconds("pp")) / passes
+            + max(0.0, col.seconds("cp") / passes - t_attention))
+    # FSDP traffic hides behind compute except the first gather and the last reduce-scatter of the step.
+    dp_exposed = max(0.0, t_dp - t_compute * passes) + t_dp / max(units, 1)
+
+    memory = _memory(lay, info, unsharded, local)
+    return {"rank": info.rank, "pp_rank": info.pp_rank, "coordinate": info.coordinate,
+            "stages": [p.stage for p in info.parts], "layers": [p.layers for p in info.parts],
+            "local_params": local, "unsharded_params": unsharded, "memory_bytes": memory,
+            "memory_gib": sum(memory.values()) / GIB, "fits": sum(memory.values()) <= hw.memory_gib * GIB,
+            "model_flops_per_microbatch": sum(sum(_flops(lay, p, tokens, recompute=False)) for p in info.parts),
+            "compute_s_per_microbatch": t_compute, "microbatch_s": t_mb, "dp_exposed_s": dp_exposed,
+            "collectives": col.rows}
+
+
+def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str, float]:
+    a, dims = lay.args, lay.dims
+    t, v = dims.tp, stages_per_rank(lay.schedule)
+    states = OPTIMIZER_STATES[lay.optimizer] if lay.optimizer != "SGD" or lay.momentum > 0 else 0
+    master = sum(p.local_param_bytes for p in info.parts)
+    max_unit = max([u for p in info.parts for u in p.block_params] + [p.root_params for p in info.parts])
+    max_block = max(u for p in info.parts for u in p.block_params)
+    root = sum(p.root_params for p in info.parts)
+    sharded = dims.fsdp_enabled or dims.dp_replicate_enabled
+    # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
+    # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched).
+    gathered = (root + 2 * max_block if lay.reshard_after_forward else unsharded) * lay.param_bytes if sharded else 0
+    # Without a gradient sync every microbatch (accumulation, or PP microbatches) FSDP keeps unsharded gradients.
+    accumulates = sharded and (lay.accum > 1 or lay.microbatches > 1)
+    grad_buffers = unsharded * lay.reduce_bytes if accumulates else max_unit * (lay.param_bytes + lay.reduce_bytes)
+
+    tokens = lay.local_tokens
+
+    def part_activations(part) -> float:
+        n_full, n_op = part.full_ac_blocks, part.op_ac_blocks
+        n_none = len(part.layers) - n_full - n_op
+        elems = (n_none * block_activation_elems(a, t, "none") + n_full * block_activation_elems(a, t, "full")
+                 + n_op * block_activation_elems(a, t, "op"))
+        elems += a.dim / t if part.has_embedding else 0
+        elems += (a.dim / t + a.dim) if part.has_output else 0
+        return elems * tokens * lay.param_bytes
+
+    per_part = [part_activations(p) for p in info.parts]
+    p, m, r = dims.pp, lay.microbatches, info.pp_rank
+    if not dims.pp_enabled:
+        in_flight = 1.0
+    elif lay.schedule == "GPipe":
+        in_flight = m
+    elif lay.schedule == "1F1B":
+        in_flight = min(m, p - r)
+    elif lay.schedule == "LoopedBFS":
+        in_flight = m
+    else:
+        # Interleaved warm-up: (v-1)p + 2(p-1-r) + 1 chunks in flight, each chunk one of the rank's v stages.
+        in_flight = min(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1) / v
+    activations = in_flight * sum(per_part)
+    recompute = any(q.full_ac_blocks or q.op_ac_blocks for q in info.parts)
+    working = block_activation_elems(a, t, "none") * tokens * lay.param_bytes if recompute else 0.0
+    # The loss upcasts the (vocabulary-sharded) logits to fp32 and keeps their gradient.
+    logits = (tokens * a.vocab_size / t * (lay.param_bytes + 8)
+              if any(q.has_output for q in info.parts) else 0.0)
+    return {"params": master, "grads": master, "optimizer": states * master, "gathered_params": gathered,
+            "grad_buffers": grad_buffers, "activations": activations, "recompute_working_set": working,
+            "logits": logits}
+
+
+def step_estimate(lay: Layout, ranks: list[dict], peak_flops: float, flops_per_token: float) -> dict:
+    """Synchronous step: the slowest pipeline rank sets the pace for every microbatch, plus the bubble and the
+    exposed data-parallel traffic."""
+    dims = lay.dims
+    v = stages_per_rank(lay.schedule)
+    t_mb = max(r["microbatch_s"] for r in ranks)
+    bubble = BUBBLE_FACTOR.get(lay.schedule, 1.0) * (dims.pp - 1) / v
+    step = lay.accum * (lay.microbatches + bubble) * t_mb + max(r["dp_exposed_s"] for r in ranks)
+    global_tokens = lay.local_batch * dims.dp_degree * lay.accum * lay.seq_len
+    tps = global_tokens / step / dims.world_size
+    return {"step_s": step, "tokens_per_s_per_gpu": tps, "bubble_microbatches": bubble * lay.accum,
+            "mfu": tps * flops_per_token / peak_flops, "global_batch": global_tokens // lay.seq_len}

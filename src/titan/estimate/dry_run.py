@@ -1,0 +1,188 @@
+"""`python -m titan.estimate --config PATH.toml --comm.world_size N [--section.key V] [--estimate.KEY V]`
+
+A dry run of a training layout at any world size in one CPU process: the real model on the meta device, the
+meshes on a fake process group, the training code's pipeline split and parallelize function for one rank per
+pipeline position. It reports what each rank holds and moves per step, and an analytical step time. Options
+of the step-time model (`--estimate.*`, see `--help`) are not part of the training config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from titan.components.metrics.throughput import gpu_peak_tflops
+from titan.config import ConfigError, parse_args
+from titan.config.manager import describe_type, field_docs, from_string, split_cli
+from titan.distributed import ParallelDims
+from titan.distributed.pipeline import stages_per_rank
+from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
+from titan.estimate.layout import dry_run_rank, stage_ranges
+from titan.models import get_model_spec
+from titan.trainer import resolve_model_args as trainer_resolve_model_args
+
+
+def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
+    """Takes the `--estimate.KEY VALUE` options out of argv; the rest is a training config."""
+    config_path, options = split_cli(argv)
+    hints = typing.get_type_hints(Hardware)
+    values, rest = {}, ["--config", config_path] if config_path else []
+    for name, raw in options:
+        if not name.startswith("estimate."):
+            rest.append(f"--{name}={raw}")
+            continue
+        key = name[len("estimate."):]
+        if key not in hints:
+            raise ConfigError(f"unknown key estimate.{key}; keys of [estimate]: {', '.join(hints)}")
+        try:
+            values[key] = from_string(hints[key], raw)
+        except ValueError:
+            raise ConfigError(f"estimate.{key} must be {describe_type(hints[key])}, got {raw!r}") from None
+        if hints[key] is not str and values[key] <= 0 and key != "peak_tflops":
+            raise ConfigError(f"estimate.{key} must be > 0, got {raw}")
+    return rest, Hardware(**values)
+
+
+def resolve_model_args(spec, job_config):
+    """The flavor with the config's overrides, as the Trainer resolves it; the flavor's vocabulary stands in for
+    the tokenizer (a dry run loads none)."""
+    flavor_args = spec.flavors.get(job_config.model.flavor)
+    tokenizer = SimpleNamespace(vocab_size=getattr(flavor_args, "vocab_size", 0))
+    return trainer_resolve_model_args(spec, job_config, None, tokenizer)
+
+
+def check_layout(job_config, dims: ParallelDims, args) -> int:
+    """Everything that would stop the run, checked before any process group exists; returns the global batch."""
+    t, pcfg = job_config.training, job_config.parallelism
+    if t.seq_len % (dims.cp * dims.tp):
+        raise ValueError(f"training.seq_len {t.seq_len} must be divisible by context_parallel_degree x "
+                         f"tensor_parallel_degree = {dims.cp * dims.tp} (sequence sharding)")
+    kv = args.n_kv_heads or args.n_heads
+    if args.n_heads % dims.tp or kv % dims.tp:
+        raise ValueError(f"tensor_parallel_degree {dims.tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
+    if dims.pp_enabled:
+        if t.local_batch_size % pcfg.pipeline_parallel_microbatch_size:
+            raise ValueError(f"training.local_batch_size {t.local_batch_size} is not a multiple of "
+                             f"parallelism.pipeline_parallel_microbatch_size {pcfg.pipeline_parallel_microbatch_size}")
+        stage_ranges(args.n_layers, dims, pcfg)
+    per_step = t.local_batch_size * dims.dp_degree
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else per_step
+    if global_batch % per_step:
+        raise ValueError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
+                         f"{t.local_batch_size} x data-parallel degree {dims.dp_degree}; adjust one of them")
+    return global_batch
+
+
+def estimate(job_config, hw: Hardware) -> dict:
+    world = job_config.comm.world_size
+    if world < 1:
+        raise ValueError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
+    peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
+    if peak_tflops is None:
+        raise ValueError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
+    dims = ParallelDims.from_config(job_config.parallelism, world)
+    spec = get_model_spec(job_config.model.name, job_config.model.spec)
+    args = resolve_model_args(spec, job_config)
+    global_batch = check_layout(job_config, dims, args)
+    lay = make_layout(args, dims, job_config, global_batch)
+    with torch.device("meta"):
+        model = spec.build_model(args)
+    infos = [dry_run_rank(spec, model, job_config, dims, r) for r in range(dims.pp)]
+    ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in infos]
+    # The trainer's MFU numerator, so that estimated and measured MFU compare.
+    num_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = (spec.flops_per_token(model, args, job_config.training.seq_len) if spec.flops_per_token
+                       else 6.0 * num_params)
+    distinct = sum(p.distinct_params for info in infos for p in info.parts)
+    return {
+        "model": f"{job_config.model.name}/{job_config.model.flavor}",
+        "num_params": num_params,
+        "params_over_all_shards": distinct,
+        "flops_per_token": flops_per_token,
+        "layout": {"world_size": world, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
+                   "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "schedule": lay.schedule,
+                   "stages": dims.pp * stages_per_rank(lay.schedule), "microbatches": lay.microbatches,
+                   "microbatch_seqs": lay.microbatch_seqs, "grad_accum_steps": lay.accum,
+                   "seq_len": lay.seq_len, "ac": job_config.activation_checkpoint.mode},
+        "hardware": dataclasses.asdict(hw) | {"peak_tflops": peak_tflops},
+        "ranks": ranks,
+        "step": step_estimate(lay, ranks, peak_tflops * 1e12, flops_per_token),
+    }
+
+
+def shown_ranks(ranks: list[dict]) -> list[dict]:
+    """First, middle and last pipeline position (fewer when there are fewer)."""
+    picks = sorted({0, len(ranks) // 2, len(ranks) - 1})
+    return [ranks[i] for i in picks]
+
+
+def format_report(report: dict) -> str:
+    lay, step = report["layout"], report["step"]
+    lines = [
+        f"{report['model']}: {report['num_params'] / 1e9:.2f}B params (sum over all shards "
+        f"{report['params_over_all_shards'] / 1e9:.2f}B), world {lay['world_size']} = pp {lay['pp']} x dp_replicate "
+        f"{lay['dp_replicate']} x dp_shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']}",
+        f"seq {lay['seq_len']}, {lay['microbatches']} microbatch(es) of {lay['microbatch_seqs']} seq x "
+        f"{lay['grad_accum_steps']} accumulation step(s), AC {lay['ac']}"
+        + (f", {lay['schedule']} over {lay['stages']} stages" if lay["pp"] > 1 else ""),
+        "",
+        f"{'rank':>5} {'stages':>8} {'layers':>7} {'params':>8} {'grads':>7} {'optim':>7} {'gathrd':>7} "
+        f"{'gradbuf':>7} {'activ':>7} {'logits':>7} {'total':>7}  (GiB)",
+    ]
+    for r in shown_ranks(report["ranks"]):
+        m = {k: v / GIB for k, v in r["memory_bytes"].items()}
+        lines.append(
+            f"{r['rank']:>5} {','.join(map(str, r['stages'])):>8} {sum(map(len, r['layers'])):>7} "
+            f"{m['params']:>8.2f} {m['grads']:>7.2f} {m['optimizer']:>7.2f} {m['gathered_params']:>7.2f} "
+            f"{m['grad_buffers']:>7.2f} {m['activations'] + m['recompute_working_set']:>7.2f} {m['logits']:>7.2f} "
+            f"{r['memory_gib']:>7.2f}" + ("" if r["fits"] else f"  > {report['hardware']['memory_gib']:g} GiB!"))
+    lines += ["", f"{'rank':>5} {'group':>6} {'op':>15} {'size':>5} {'calls':>7} {'MiB/call':>9} {'wire GiB':>9} "
+              f"{'seconds':>8}"]
+    for r in shown_ranks(report["ranks"]):
+        for c in r["collectives"]:
+            lines.append(f"{r['rank']:>5} {c['group']:>6} {c['op']:>15} {c['group_size']:>5} {c['calls']:>7g} "
+                         f"{c['bytes_per_call'] / 2**20:>9.1f} {c['wire_bytes'] / GIB:>9.2f} {c['seconds']:>8.3f}"
+                         + (" (overlapped)" if c["overlapped"] else ""))
+    lines += ["", f"step {step['step_s']:.2f} s for {step['global_batch']} sequences: "
+              f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * step['mfu']:.1f}% "
+              f"({report['hardware']['gpu']}, assumed kernel MFU {report['hardware']['mfu']:g})"]
+    return "\n".join(lines)
+
+
+def help_text() -> str:
+    docs = field_docs(Hardware)
+    lines = [__doc__.strip(), "", "[estimate]"]
+    for f in dataclasses.fields(Hardware):
+        lines.append(f"  --estimate.{f.name} (default {f.default!r})\n      {docs.get(f.name, '')}")
+    lines.append("\nTraining options: see `python -m titan.train --help`.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    # ParallelDims.submesh slices flattened dims, which torch warns about once per mesh; the training run logs
+    # it too, and here it would interleave with the table.
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        return 0
+    try:
+        rest, hw = split_args(argv)
+        job_config = parse_args(rest)
+        report = estimate(job_config, hw)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True)
+        return 2
+    print(format_report(report))
+    out = Path(job_config.dump_folder, "estimate.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
+    return 0
+

@@ -1,0 +1,1 @@
+"""Interfaces between the engine and the models it trains."""

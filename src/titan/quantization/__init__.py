@@ -1,0 +1,1 @@
+"""Low-precision training."""

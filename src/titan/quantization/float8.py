@@ -1,0 +1,248 @@
+"""Float8 training of linear layers with dynamic scaling, as TorchAO's tensorwise and rowwise recipes.
+
+Every matmul of a Float8Linear (forward, grad_input, grad_weight) quantizes both operands just in time:
+e4m3 for weights and activations, e5m2 (tensorwise) or e4m3 (rowwise) for output gradients. Tensorwise
+uses one scale per tensor; rowwise one scale per row of the contraction, so each operand is re-quantized
+along the dimension its matmul contracts (the high-precision inputs are saved for backward, as nn.Linear
+saves them anyway).
+
+Scales are rounded down to powers of two: dequantized float8 values are then exact in bf16, so the
+emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up to summation order.
+`_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
+exists but is 6-7x slower than a bf16 matmul, and on DTensor weights (tensor parallel), we emulate.
+
+With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight): each shard is
+quantized with the scale of the global amax, and the gathered weight is dequantized into the compute dtype,
+exactly, so the matmul's own quantization of it loses nothing more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from titan.tools.logging import logger
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+GRAD_DTYPES = {"tensorwise": E5M2, "rowwise": E4M3}
+# _scaled_mm needs the contraction and output dims to be multiples of 16; the module filter uses the same rule.
+FP8_ALIGNMENT = 16
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, dim: int | None = None,
+             amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Casts `t` to float8 with its absolute max (whole tensor, or per slice along `dim`; or `amax` when given,
+    e.g. that of all shards) scaled to the format's max; returns the float8 tensor and the fp32 inverse scale
+    that dequantizes it."""
+    fp8_max = torch.finfo(dtype).max
+    if amax is None:
+        amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
+    scale = torch.exp2(torch.floor(torch.log2(fp8_max / amax.float().clamp(min=1e-12))))
+    t8 = (t.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    return t8, scale.reciprocal()
+
+
+def scaled_mm_supported(device: torch.device, recipe: str) -> bool:
+    """Whether `torch._scaled_mm` has fast float8 kernels for this recipe on `device`."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    needed = (9, 0) if recipe == "rowwise" else (8, 9)
+    return torch.cuda.get_device_capability(device) >= needed
+
+
+def float8_mm(a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype, b_dtype: torch.dtype, rowwise: bool,
+              use_scaled_mm: bool) -> torch.Tensor:
+    """a (M, K) @ b (K, N) with both operands quantized dynamically; the result has a's dtype."""
+    out_dtype = a.dtype
+    a8, a_inv = quantize(a, a_dtype, dim=1 if rowwise else None)
+    b8, b_inv = quantize(b, b_dtype, dim=0 if rowwise else None)
+    if use_scaled_mm:
+        # _scaled_mm wants a row-major and b column-major.
+        b8 = b8.t().contiguous().t()
+        return torch._scaled_mm(a8.contiguous(), b8, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
+    return torch.mm((a8.float() * a_inv).to(out_dtype), (b8.float() * b_inv).to(out_dtype))
+
+
+def _hardware_path(use_scaled_mm: bool, *operands: torch.Tensor) -> bool:
+    """_scaled_mm takes plain bf16-producing operands with aligned dims; DTensors (TP) are emulated."""
+    if not use_scaled_mm or any(isinstance(t, DTensor) or t.dtype != torch.bfloat16 for t in operands):
+        return False
+    return all(d % FP8_ALIGNMENT == 0 for t in operands for d in t.shape)
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """y = x @ w.T with float8 forward, grad_input and grad_weight matmuls."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, recipe: str, use_scaled_mm: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.recipe, ctx.use_scaled_mm = recipe, use_scaled_mm
+        rowwise = recipe == "rowwise"
+        return float8_mm(x, w.t(), E4M3, E4M3, rowwise, _hardware_path(use_scaled_mm, x, w))
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, w = ctx.saved_tensors
+        rowwise, grad_dtype = ctx.recipe == "rowwise", GRAD_DTYPES[ctx.recipe]
+        hardware = _hardware_path(ctx.use_scaled_mm, grad_y, x, w)
+        grad_x = float8_mm(grad_y, w, grad_dtype, E4M3, rowwise, hardware)
+        grad_w = float8_mm(grad_y.t(), x, grad_dtype, E4M3, rowwise, hardware)
+        return grad_x, grad_w, None, None
+
+
+class Float8Linear(nn.Linear):
+    """nn.Linear whose matmuls run in float8; parameters and state-dict keys are those of nn.Linear."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 recipe: str = "tensorwise", use_scaled_mm: bool = False):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe
+        self.use_scaled_mm = use_scaled_mm
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: str, use_scaled_mm: bool) -> Float8Linear:
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                  recipe=recipe, use_scaled_mm=use_scaled_mm)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Autocast does not reach inside the custom matmul: cast to its compute dtype here.
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+        y = _Float8Matmul.apply(x2, self.weight.to(dtype), self.recipe, self.use_scaled_mm)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}, scaled_mm={self.use_scaled_mm}"
+
+
+# The ops FSDP2 uses to shard, pad, copy and move a parameter: their results stay wrapped, so the sharded
+# local tensor keeps the all-gather hooks. Every other op (optimizer, init, state dict) sees the plain tensor.
+_KEEP_WRAPPER = {
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.new_zeros.default,
+    torch.ops.aten.slice.Tensor,
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.view.default,
+    torch.ops.aten.as_strided.default,
+    torch.ops.aten._to_copy.default,
+    torch.ops.aten._pin_memory.default,
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.clone.default,
+}
+
+
+class Float8AllGatherWeight(torch.Tensor):
+    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks."""
+
+    @staticmethod
+    def __new__(cls, tensor: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tensor.size(), strides=tensor.stride(), storage_offset=tensor.storage_offset(), dtype=tensor.dtype,
+            layout=tensor.layout, device=tensor.device, requires_grad=tensor.requires_grad,
+        )
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            return cls(args[0]._tensor)
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return pytree.tree_map_only(torch.Tensor, cls, out) if func in _KEEP_WRAPPER else out
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        return Float8AllGatherWeight(inner_tensors["_tensor"])
+
+    def __repr__(self) -> str:
+        return f"Float8AllGatherWeight({self._tensor})"
+
+    def __reduce_ex__(self, protocol):
+        # Checkpoints hold the plain weight: loadable with weights_only=True and by runs without this feature.
+        return self._tensor.__reduce_ex__(protocol)
+
+    def fsdp_pre_all_gather(self, mesh: DeviceMesh, outer_size: torch.Size, outer_stride, module, mp_policy):
+        # One tensorwise scale for the whole weight: the max of the shards' amax (a shard may be empty).
+        amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        data, inv_scale = quantize(self._tensor, E4M3, amax=amax)
+        rows = -(-outer_size[0] // mesh.size())
+        if data.shape[0] < rows:
+            # FSDP pads the last shards of an unevenly divided weight; its all-gather inputs must match.
+            data = torch.cat([data, data.new_zeros(rows - data.shape[0], *data.shape[1:])])
+        # Gloo has no float8 collectives: bytes travel as uint8.
+        return (data.view(torch.uint8),), (inv_scale,)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype: torch.dtype, *,
+                             out: torch.Tensor | None = None):
+        (data,), (inv_scale,) = all_gather_outputs, metadata
+        # Power-of-two scales: exact in bf16, and Float8Linear re-quantizes it without further loss.
+        weight = (data.view(E4M3).float() * inv_scale).to(param_dtype)
+        if out is None:
+            return weight, (weight,)
+        # The unsharded parameter is refilled in place; autograd must not see a modification.
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
+            out.copy_(weight[: out.shape[0]])
+        return None
+
+
+def enable_float8_all_gather(model: nn.Module) -> int:
+    """Wraps the weights of `model`'s Float8Linear modules so FSDP2 all-gathers them in float8 (call before
+    fully_shard); returns how many."""
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            module.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data), module.weight.requires_grad)
+            wrapped += 1
+    return wrapped
+
+
+def is_float8_eligible(fqn: str, linear: nn.Linear, skip_fqns: tuple[str, ...] = ("output",)) -> bool:
+    """The output layer stays high precision (its logits feed the loss directly); small or odd dims cannot
+    use the float8 kernels."""
+    if fqn in skip_fqns:
+        return False
+    return linear.in_features % FP8_ALIGNMENT == 0 and linear.out_features % FP8_ALIGNMENT == 0
+
+
+def apply_float8(model: nn.Module, float8_config, device: torch.device | None = None) -> int:
+    """Swaps the eligible nn.Linear modules of `model` for Float8Linear in place; returns how many."""
+    if not float8_config.enable:
+        return 0
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    recipe = float8_config.recipe
+    use_scaled_mm = scaled_mm_supported(device, recipe)
+    swapped, skipped = 0, []
+    for fqn, module in list(model.named_modules()):
+        if type(module) is not nn.Linear:
+            continue
+        if not is_float8_eligible(fqn, module):
+            skipped.append(fqn)
+            continue
+        parent_name, _, child = fqn.rpartition(".")
+        model.get_submodule(parent_name).register_module(child, Float8Linear.from_linear(module, recipe, use_scaled_mm))
+        swapped += 1
+    if use_scaled_mm:
+        path = "torch._scaled_mm"
+    else:
+        here = f"sm{''.join(map(str, torch.cuda.get_device_capability(device)))}" if device.type == "cuda" else "cpu"
+        path = f"emulation (fast float8 kernels need CUDA sm{'90' if recipe == 'rowwise' else '89'}+, this is {here})"
+    logger.info(f"float8 {recipe}: swapped {swapped} linear layers, kept {skipped or 'none'} in high precision; "
+                f"matmuls via {path}")
+    return swapped

@@ -1,0 +1,1 @@
+"""Cross-cutting helpers: logging, profiling, fault injection."""

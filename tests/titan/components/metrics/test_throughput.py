@@ -1,0 +1,64 @@
+"""MFU inputs: the GPU peak table, the measured and cached CPU peak, peak memory."""
+
+import json
+
+import pytest
+import torch
+
+from titan.components.metrics import throughput
+from titan.components.metrics.logger import MetricsLogger
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                        ("Some Future GPU", None)])
+def test_gpu_peak_table(name, peak):
+    assert throughput.gpu_peak_tflops(name) == peak
+
+
+def test_cpu_peak_is_measured_once_per_process_and_the_cache_keeps_the_best(tmp_path, monkeypatch):
+    monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
+    measurements = [0.5, 0.2, 0.7]  # three processes; the second ran on a loaded machine
+    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda: measurements.pop(0))
+    seen = []
+    for _ in range(3):
+        throughput._best_cpu_peak_tflops.cache_clear()  # a new process
+        seen.append(throughput.cpu_peak_tflops())
+        assert throughput.cpu_peak_tflops() == seen[-1]  # once per process
+    throughput._best_cpu_peak_tflops.cache_clear()
+    assert seen == [0.5, 0.5, 0.7] and not measurements
+    assert list(json.loads((tmp_path / "cpu_peak_tflops.json").read_text()).values()) == [0.7]
+
+
+def test_measured_cpu_peak_is_a_plausible_matmul_rate():
+    tflops = throughput.measure_cpu_peak_tflops(n=256, repeats=2)
+    assert 1e-4 < tflops < 100
+
+
+def test_configured_cpu_peak_wins():
+    assert throughput.device_peak_tflops(torch.device("cpu"), 2.5) == 2.5
+
+
+def test_peak_memory_is_the_process_rss():
+    before = throughput.peak_memory_gib(torch.device("cpu"))
+    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    assert throughput.peak_memory_gib(torch.device("cpu")) >= before
+    assert throughput.peak_memory_gib(torch.device("cpu")) > blob.numel() * 4 / 2**30
+
+
+def test_metrics_logger_appends_jsonl_lines(tmp_path):
+    record = {"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "tps": 10.0, "tflops": 0.1, "mfu": None,
+              "memory_gib": 1.0, "elapsed_s": 0.5}
+    for _ in range(2):
+        sink = MetricsLogger(str(tmp_path), enable_jsonl=True, enable_tensorboard=False, rank=0)
+        sink.log(record, eta_s=3.0)
+        sink.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [record, record]
+
+
+def test_only_rank_zero_writes(tmp_path):
+    sink = MetricsLogger(str(tmp_path / "r1"), enable_jsonl=True, enable_tensorboard=True, rank=1)
+    sink.log({"step": 1}, eta_s=0)
+    sink.close()
+    assert not (tmp_path / "r1").exists()

@@ -1,0 +1,121 @@
+"""The dry-run estimator: shard accounting over fake ranks, stage splits, layout errors, the 405B run's speed."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from titan.config import parse_args
+from titan.estimate.dry_run import Hardware, estimate, main, resolve_model_args
+from titan.models import get_model_spec
+from titan.models.llama3.model import flops_per_token
+
+CONFIGS = "configs/titan"
+pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
+
+# The paper layouts, shortened where a layer count only multiplies identical blocks: the meshes, placements and
+# stage positions are those of the full runs.
+LAYOUTS = {
+    "8B FSDP 8": ("llama3_8b_fsdp8_est", ["--model.n_layers", "2"]),
+    "8B FSDP 128": ("llama3_8b_fsdp128_est", ["--model.n_layers", "2"]),
+    "8B FSDP 2 x CP 4": ("llama3_8b_cp4_est", ["--model.n_layers", "2"]),
+    "70B FSDP 32 x TP 8": ("llama3_70b_fsdp32_tp8_est", ["--model.n_layers", "2"]),
+    "405B 3D 1F1B": ("llama3_405b_3d_est", ["--model.n_layers", "10"]),
+    "405B 3D interleaved": ("llama3_405b_3d_est", ["--model.n_layers", "18",
+                                                  "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    "8B HSDP 2 x 4 x TP 2 x PP 2 ZBV": ("llama3_8b_fsdp8_est", [
+        "--model.n_layers", "5", "--comm.world_size", "32", "--parallelism.data_parallel_replicate_degree", "2",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--activation_checkpoint.mode", "full"]),
+}
+
+
+def _config(name, extra=()):
+    return parse_args(["--config", f"{CONFIGS}/{name}.toml", *extra])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_shards_over_all_ranks_add_up_to_the_model(layout):
+    name, extra = LAYOUTS[layout]
+    cfg = _config(name, extra)
+    report = estimate(cfg, Hardware())
+    spec = get_model_spec("llama3")
+    args = resolve_model_args(spec, cfg)
+    with torch.device("meta"):
+        model = spec.build_model(args)
+    assert report["params_over_all_shards"] == sum(p.numel() for p in model.parameters())
+    assert report["num_params"] == sum(p.numel() for p in model.parameters())
+    # The analytical per-stage FLOPs add up to the trainer's FLOPs per token (the MFU numerator).
+    lay = report["layout"]
+    ranks = report["ranks"]
+    local_tokens = lay["microbatch_seqs"] * lay["seq_len"] // lay["cp"]
+    stage_flops = sum(r["model_flops_per_microbatch"] for r in ranks) * lay["tp"] / local_tokens
+    assert stage_flops == pytest.approx(flops_per_token(model, args, cfg.training.seq_len))
+    assert len(ranks) == lay["pp"]
+    assert sorted(s for r in ranks for s in r["stages"]) == list(range(lay["stages"]))
+    assert sorted(i for r in ranks for layers in r["layers"] for i in layers) == list(range(args.n_layers))
+    for r in ranks:
+        assert all(v >= 0 for v in r["memory_bytes"].values()) and r["memory_gib"] > 0
+    assert report["step"]["tokens_per_s_per_gpu"] > 0
+
+
+def test_stage_split_is_the_trainers():
+    """Even, with the remainder on middle stages (the ends hold embedding and output), or at the split points."""
+    even = estimate(_config("llama3_405b_3d_est", ["--model.n_layers", "20"]), Hardware())
+    assert [len(r["layers"][0]) for r in even["ranks"]] == [2, 3, 3, 3, 3, 2, 2, 2]
+    points = ",".join(f"layers.{i}" for i in range(1, 8))
+    split = estimate(_config("llama3_405b_3d_est", ["--model.n_layers", "20",
+                                                   "--parallelism.pipeline_parallel_split_points", points]), Hardware())
+    assert [len(r["layers"][0]) for r in split["ranks"]] == [1, 1, 1, 1, 1, 1, 1, 13]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--comm.world_size", "500"], "not divisible"),
+    (["--comm.world_size", "512", "--parallelism.tensor_parallel_degree", "16"], "tensor_parallel_degree 16"),
+    (["--comm.world_size", "512", "--parallelism.pipeline_parallel_degree", "64",
+      "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"], "cannot fill 128 pipeline stages"),
+    (["--comm.world_size", "0"], "comm.world_size"),
+    (["--comm.world_size", "512", "--estimate.mfu", "fast"], "estimate.mfu"),
+])
+def test_impossible_layout_fails_with_one_line(args, message, capsys, tmp_path):
+    code = main(["--config", f"{CONFIGS}/llama3_405b.toml", "--job.dump_folder", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error:") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "titan.estimate", "--config", f"{CONFIGS}/llama3_405b_3d_est.toml",
+         "--job.dump_folder", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert elapsed < 60
+    report = json.loads((tmp_path / "estimate.json").read_text())
+    assert report["layout"] | {"world_size": 512, "pp": 8, "tp": 8, "dp_shard": 8} == report["layout"]
+    assert report["params_over_all_shards"] == report["num_params"]
+    first, last = report["ranks"][0], report["ranks"][-1]
+    assert [len(first["layers"][0]), len(last["layers"][0])] == [15, 15]
+    assert {c["group"] for c in first["collectives"]} == {"tp", "pp", "fsdp"}
+    assert "tokens/s/GPU" in proc.stdout
+
+
+@pytest.mark.parametrize("ac, gathers, scatters", [
+    (["none"], 10, 10),
+    (["full"], 14, 12),  # recomputation stops before each block's MLP reduce-scatter
+    (["selective", "--activation_checkpoint.selective_ac_option", "op"], 14, 10),  # the policy saves them
+    (["selective", "--activation_checkpoint.selective_ac_option", "1"], 14, 12),
+])
+def test_tp_collectives_with_recomputation_are_the_measured_ones(ac, gathers, scatters):
+    """Counts measured with --metrics.comm_stats on 2 gloo ranks (debug model, 2 layers, TP 2)."""
+    cfg = parse_args(["--comm.world_size", "2", "--model.n_layers", "2", "--parallelism.tensor_parallel_degree", "2",
+                      "--activation_checkpoint.mode", *ac])
+    calls = {c["op"]: c["calls"] for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] == "tp"}
+    assert (calls["all_gather"], calls["reduce_scatter"]) == (gathers, scatters)

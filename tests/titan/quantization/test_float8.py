@@ -1,0 +1,222 @@
+"""Float8 training: quantization error bounds, emulation == torch._scaled_mm, the module swap, loss curves.
+
+Stated tolerances. e4m3 keeps 3 mantissa bits: every quantized value is within 2^-4 (relative) of its input,
+e5m2 within 2^-3. A matmul of two e4m3-quantized random operands then has a relative (Frobenius) error of
+about 0.037 (two independent 2^-4-bounded roundings); we allow 0.06, and 0.10 where an e5m2 gradient takes
+part. A short training run's loss stays within 0.02 (absolute, ~0.25 %) of the bf16 run at every step, and a
+run with float8 all-gather within 0.02 of the float8 run without it (it quantizes the fp32 shard directly
+instead of its bf16 copy, so the two differ by float8 rounding, ~1e-3 here).
+"""
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from tests.titan.conftest import losses, run_train
+from titan.config.job_config import Float8
+from titan.models.llama3.flavors import llama3_flavors
+from titan.models.llama3.model import Transformer
+from titan.models.llama3.parallelize import apply_float8_all_gather
+from titan.quantization.float8 import E4M3, E5M2, Float8AllGatherWeight, Float8Linear, apply_float8, float8_mm, quantize
+
+RECIPES = ["tensorwise", "rowwise"]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype,bound", [(E4M3, 2**-4), (E5M2, 2**-3)], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dim", [None, 1], ids=["tensorwise", "rowwise"])
+def test_quantization_error_is_within_half_an_ulp(dtype, bound, dim):
+    torch.manual_seed(0)
+    x = torch.randn(64, 256) * torch.logspace(-2, 2, 64)[:, None]
+    x8, inv_scale = quantize(x, dtype, dim)
+    assert x8.dtype == dtype
+    # Power-of-two scales: dequantizing is exact in bf16.
+    assert torch.equal(inv_scale, torch.exp2(torch.log2(inv_scale).round()))
+    # The absolute max lands in the top binade of the format (nothing overflows, at most 1 bit of range unused).
+    top = (x8.float().abs().amax() if dim is None else x8.float().abs().amax(dim=dim)) / torch.finfo(dtype).max
+    assert ((top >= 0.5) & (top <= 1.0)).all()
+    deq = x8.float() * inv_scale
+    normal = x.abs() >= torch.finfo(dtype).tiny * inv_scale  # subnormals have fewer mantissa bits
+    assert ((deq - x).abs() <= bound * x.abs())[normal].all()
+
+
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_emulation_matches_scaled_mm_and_is_close_to_the_matmul(rowwise, dtype):
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 128, dtype=dtype), torch.randn(128, 96, dtype=dtype)
+    emulated = float8_mm(a, b, E4M3, E4M3, rowwise, use_scaled_mm=False)
+    hardware = float8_mm(a, b, E4M3, E4M3, rowwise, use_scaled_mm=True)
+    assert emulated.dtype == hardware.dtype == dtype
+    torch.testing.assert_close(emulated, hardware)
+    assert rel_err(emulated, a.float() @ b.float()) < 0.06
+    grad_like = float8_mm(a, b, E5M2, E4M3, rowwise, use_scaled_mm=False)
+    assert rel_err(grad_like, a.float() @ b.float()) < 0.10
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_float8_linear_output_and_gradients_are_close_to_linear(recipe):
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 96, bias=True)
+    fp8 = Float8Linear.from_linear(linear, recipe, use_scaled_mm=False)
+    x = torch.randn(4, 16, 128, requires_grad=True)
+    grad_out = torch.randn(4, 16, 96)
+    grads = []
+    for module in (fp8, linear):
+        y = module(x)
+        y.backward(grad_out)
+        grads.append((y.detach(), x.grad, linear.weight.grad, linear.bias.grad))
+        x.grad = linear.weight.grad = linear.bias.grad = None
+    (y8, gx8, gw8, gb8), (y, gx, gw, gb) = grads
+    assert rel_err(y8, y) < 0.06
+    assert rel_err(gx8, gx) < 0.10 and rel_err(gw8, gw) < 0.10
+    torch.testing.assert_close(gb8, gb)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fp8(x).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_scaled_mm_path_of_the_linear_matches_emulation(recipe):
+    """Runs the _scaled_mm layouts of forward and both backward matmuls on the CPU (where it exists, slowly)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 96, bias=False)
+    x = torch.randn(4, 16, 128, requires_grad=True)
+    results = []
+    for use_scaled_mm in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = Float8Linear.from_linear(linear, recipe, use_scaled_mm)(x)
+        y.float().square().sum().backward()
+        results.append((y, x.grad, linear.weight.grad))
+        x.grad = linear.weight.grad = None
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
+
+
+def test_apply_float8_swaps_block_linears_but_not_the_output_or_odd_dims():
+    args = llama3_flavors["debug"]
+    with torch.device("meta"):
+        model = Transformer(args)
+        model.layers["0"].feed_forward.w2 = nn.Linear(200, args.dim, bias=False)
+    keys = set(model.state_dict())
+    swapped = apply_float8(model, Float8(enable=True, recipe="rowwise"))
+    assert swapped == 7 * args.n_layers - 1
+    assert type(model.output) is nn.Linear and type(model.layers["0"].feed_forward.w2) is nn.Linear
+    assert isinstance(model.layers["1"].attention.wq, Float8Linear)
+    assert model.layers["1"].attention.wq.recipe == "rowwise"
+    assert set(model.state_dict()) == keys
+    assert apply_float8(model, Float8(enable=False)) == 0
+
+
+@pytest.fixture(scope="module")
+def bf16_losses(module_tmp_path):
+    from tests.titan.conftest import TINY
+
+    folder = module_tmp_path / "bf16"
+    run_train([*TINY, *CURVE, "--job.dump_folder", str(folder)])
+    return losses(folder)
+
+
+# bf16 compute, a learning rate high enough that the loss moves, 8 steps.
+CURVE = ["--training.mixed_precision_param", "bfloat16", "--training.steps", "8", "--optimizer.lr", "3e-3"]
+
+
+@pytest.mark.parametrize(
+    "recipe,layout,nproc",
+    [("tensorwise", [], 1),
+     ("rowwise", ["--training.local_batch_size", "1"], 2),
+     pytest.param("tensorwise", ["--parallelism.tensor_parallel_degree", "2"], 2, marks=pytest.mark.slow)],
+    ids=["tensorwise-1proc", "rowwise-fsdp2", "tensorwise-tp2"],
+)
+def test_float8_loss_curve_stays_close_to_bf16(tmp_path, tiny_args, bf16_losses, recipe, layout, nproc):
+    run_train([*tiny_args, *CURVE, "--float8.enable", "--float8.recipe", recipe, *layout,
+               "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    got = losses(tmp_path)
+    assert len(got) == len(bf16_losses)
+    assert got == pytest.approx(bf16_losses, abs=0.02)
+
+
+def test_float8_all_gather_weight_is_checkpointed_as_its_plain_tensor(tmp_path):
+    weight = torch.randn(32, 16)
+    torch.save({"w": Float8AllGatherWeight(weight)}, tmp_path / "w.pt")
+    loaded = torch.load(tmp_path / "w.pt", weights_only=True)["w"]
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, weight)
+
+
+def test_float8_all_gather_is_refused_with_tensor_parallel():
+    with pytest.raises(ValueError, match="with tensor parallel is not supported"):
+        apply_float8_all_gather(nn.Module(), SimpleNamespace(tp_enabled=True))
+
+
+@pytest.fixture(scope="module")
+def fsdp_all_gather_runs(module_tmp_path):
+    """Two 2-rank FSDP float8 runs of 3 steps in one torchrun, without and with float8 all-gather; collectives
+    counted over steps 2-3 (see _worker)."""
+    from tests.titan.conftest import TINY
+
+    out = module_tmp_path / "fp8_all_gather"
+    out.mkdir()
+    run_train([str(out / "runs.json"), *TINY, *CURVE, "--training.steps", "3", "--training.local_batch_size", "1",
+               "--float8.enable", "--job.dump_folder", str(out / "run")],
+              nproc=2, module="tests.titan.test_float8", timeout=180)
+    return json.loads((out / "runs.json").read_text())
+
+
+def test_fsdp_float8_all_gather_halves_the_weight_bytes_and_keeps_the_losses(fsdp_all_gather_runs):
+    plain, fp8 = fsdp_all_gather_runs["false"], fsdp_all_gather_runs["true"]
+    # bf16 parameters gather 2 bytes an element, float8 weights 1: each gather of a float8 weight saves its numel.
+    # Per step, forward gathers every block, backward all but the last (it stays gathered).
+    gathers_per_step = 2 * plain["blocks"] - 1
+    saved = plain["float8_weight_numel_per_block"] * gathers_per_step * 2
+    assert plain["all_gather_bytes"] - fp8["all_gather_bytes"] == saved
+    # One scale per weight and gather: the amax all-reduce over the shards.
+    assert fp8["all_reduce_calls"] - plain["all_reduce_calls"] == 7 * gathers_per_step * 2
+    assert len(fp8["losses"]) == 3
+    assert fp8["losses"] == pytest.approx(plain["losses"], abs=0.02)
+
+
+def _worker(out_path: str, train_args: list[str]) -> None:
+    import torch.distributed as dist
+
+    from titan.config import parse_args
+    from titan.distributed.comm_stats import CommStats
+    from titan.trainer import Trainer
+
+    results = {}
+    for flag in ("false", "true"):
+        config = parse_args([*train_args, "--float8.enable_fsdp_float8_all_gather", flag,
+                             "--job.dump_folder", f"{train_args[-1]}_{flag}"])
+        trainer = Trainer(config)
+        # Step 1 outside the count: DTensor's first sharding propagation runs fake tensors CommStats rejects.
+        trainer.config.training.steps = 1
+        trainer.train()
+        trainer.config.training.steps = 3
+        with CommStats() as stats:
+            trainer.train()
+        trainer.close()
+        table = stats.table()
+        block = next(iter(trainer.model.layers.values()))
+        results[flag] = {
+            "losses": [r["loss"] for r in trainer.history],
+            "all_gather_bytes": sum(v["bytes"] for (kind, _), v in table.items() if kind == "all_gather"),
+            "all_reduce_calls": sum(v["calls"] for (kind, _), v in table.items() if kind == "all_reduce"),
+            "blocks": len(trainer.model.layers),
+            "float8_weight_numel_per_block": sum(m.weight.numel() for m in block.modules()
+                                                 if isinstance(m, Float8Linear)),
+        }
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    from titan.distributed.runtime import shutdown
+
+    _worker(sys.argv[1], sys.argv[2:])
+    shutdown()
