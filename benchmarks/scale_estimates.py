@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from titan.config import parse_args
-from titan.estimate import Hardware, estimate
+from titan.estimate.dry_run import Hardware, estimate
 
 COMPILE = ["--compile.enable", "true"]
 FLOAT8 = ["--float8.enable", "true"]

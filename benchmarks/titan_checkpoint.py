@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from titan.checkpoint.safe_reader import SafeFileSystemReader
+from titan.components.checkpoint.safe_reader import SafeFileSystemReader
 from titan.config import parse_args
-from titan.metrics.logging import init_logger
+from titan.tools.logging import init_logger
 from titan.trainer import Trainer
 
 

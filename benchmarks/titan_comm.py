@@ -37,13 +37,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from titan.compare import _error_line, _fmt
+from titan.compare.harness import _error_line, _fmt
 from titan.config import parse_args
 from titan.distributed import ParallelDims
 from titan.distributed.comm_stats import CommStats, group_labels
 from titan.distributed.runtime import shutdown
-from titan.estimate import estimate
-from titan.estimate_costs import Hardware
+from titan.estimate.costs import Hardware
+from titan.estimate.dry_run import estimate
 from titan.trainer import Trainer
 
 # Layout name -> parallelism overrides; every layout runs the same global batch (local batch = global / dp).

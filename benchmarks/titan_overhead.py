@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from titan.config import parse_args
-from titan.metrics.logging import init_logger
 from titan.models.llama3 import Transformer
+from titan.tools.logging import init_logger
 from titan.trainer import Trainer
 
 

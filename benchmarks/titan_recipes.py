@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from titan.compare import main
+from titan.compare.harness import main
 
 PRESETS = {
     "debug": ["--config", "configs/titan/debug.toml"],
