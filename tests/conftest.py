@@ -14,3 +14,13 @@ def module_tmp_path(tmp_path_factory, request):
     path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def assert_is_plot(path, min_width: int = 400, min_height: int = 250) -> None:
+    """A real picture: a PNG that decodes, of a readable size, with something drawn on it (not one flat colour)."""
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(path))
+    height, width = image.shape[:2]
+    assert width >= min_width and height >= min_height, f"{path}: {width}x{height} px"
+    assert image[..., :3].std() > 0.02, f"{path} is blank"

@@ -6,11 +6,12 @@ import os
 import sys
 
 from titan.components.checkpoint import CheckpointError
+from titan.components.nonfinite import NonFiniteLossError
 from titan.config import ConfigError, help_text, parse_args
 from titan.distributed.runtime import shutdown
 from titan.estimate.dry_run import main as estimate_main
 from titan.estimate.dry_run import split_args
-from titan.trainer import NonFiniteLossError, Trainer
+from titan.trainer import Trainer
 
 USER_ERRORS = (ConfigError, CheckpointError, ValueError, FileNotFoundError, NonFiniteLossError)
 

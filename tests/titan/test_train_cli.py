@@ -64,7 +64,7 @@ def test_user_mistakes(tmp_path, capsys, args, fragment):
 )
 def test_async_tensor_parallel_needs_tp_and_a_compiled_model(tmp_path, capsys, monkeypatch, args, fragment):
     # As on a CUDA host with 2 ranks; the checks come before any process group or device is touched.
-    monkeypatch.setattr("titan.trainer.device_type", lambda: "cuda")
+    monkeypatch.setattr("titan.builders.device_type", lambda: "cuda")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["--parallelism.enable_async_tensor_parallel", "true", *args,
                  "--job.dump_folder", str(tmp_path / "out")]) == 2

@@ -75,8 +75,7 @@ def stage_ids_for_rank(pp_rank: int, pp_degree: int, schedule: str) -> list[int]
 
 def split_model(model: nn.Module, stage_ids: list[int], ranges: list[range]) -> list[nn.Module]:
     """One pruned deep copy of the (meta) model per stage; parameter names stay those of the full model."""
-    first = getattr(model, "pipeline_first_modules", ())
-    last = getattr(model, "pipeline_last_modules", ())
+    first, last = model.pipeline_first_modules, model.pipeline_last_modules
     num_stages = len(ranges)
     parts = []
     for stage in stage_ids:

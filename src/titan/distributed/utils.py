@@ -1,12 +1,14 @@
-"""Collective helpers the training loop needs under any layout."""
+"""Collectives and contexts the training step needs under any layout."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 
 def _spec_key(t: torch.Tensor):
@@ -40,3 +42,37 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float, pp_group=No
         for params in groups.values():
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.float(), foreach=True)
     return total
+
+
+def autocast_context(device: torch.device, sharded: bool, dtype: torch.dtype):
+    """Mixed precision of the forward: with FSDP its policy casts the parameters; a single process autocasts."""
+    if sharded or dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def loss_parallel_context(parallel_dims, enabled: bool):
+    """Loss parallel: cross-entropy on vocabulary-sharded logits, never gathering them."""
+    return loss_parallel() if parallel_dims.tp_enabled and enabled else nullcontext()
+
+
+def cp_context(parallel_dims, model_parts: list, inputs: torch.Tensor, labels: torch.Tensor):
+    """Context parallel: this rank computes on its (load-balanced) share of the sequence."""
+    if not parallel_dims.cp_enabled:
+        return nullcontext()
+    from titan.distributed.context_parallel import sequence_sharded
+
+    return sequence_sharded(parallel_dims.world_mesh["cp"], model_parts, inputs, labels)
+
+
+def mean_over_loss_holders(values: torch.Tensor, parallel_dims) -> torch.Tensor:
+    """Mean over the ranks that hold the values: all ranks, or under pipeline parallel the last stages."""
+    if parallel_dims.world_size > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        values /= dist.get_world_size() // parallel_dims.pp
+    return values
+
+
+def replicated_value(t: torch.Tensor) -> torch.Tensor:
+    """A scalar that loss parallel returns as a replicated DTensor, as a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -177,26 +177,12 @@ def _flops(lay: Layout, part, tokens: int, recompute: bool = True) -> tuple[floa
     return linear * tokens / t, attention * tokens / t
 
 
-def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> dict:
-    """Memory, collectives and per-microbatch compute of one rank."""
-    a, dims = lay.args, lay.dims
-    t, c, v = dims.tp, dims.cp, stages_per_rank(lay.schedule)
-    tokens = lay.local_tokens
-    passes = lay.microbatches * lay.accum
-    col = Collectives(hw, dims)
-
-    linear = attention = 0.0
-    for part in info.parts:
-        lin, att = _flops(lay, part, tokens)
-        linear, attention = linear + lin, attention + att
-    speed = peak_flops * hw.mfu * (hw.compile_speedup if lay.compile else 1.0)
-    t_attention = attention / speed
-    t_compute = (linear / (hw.float8_speedup if lay.float8 else 1.0)) / speed + t_attention
-
+def _tp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) -> None:
     # Tensor/sequence parallel: each block gathers before and reduce-scatters after attention and MLP, mirrored
     # in backward. Recomputing a block repeats both gathers; of its reduce-scatters, a fully recomputed block
     # repeats only the attention one (recomputation stops once backward has what it needs, before the MLP's) and
     # op-SAC none (its policy saves reduce-scatter outputs). Measured with metrics.comm_stats.
+    a, t, c = lay.args, lay.dims.tp, lay.dims.cp
     act = lay.microbatch_seqs * (lay.seq_len // c) * a.dim * lay.param_bytes
     blocks = sum(len(p.layers) for p in info.parts)
     full, op = (sum(p.full_ac_blocks for p in info.parts), sum(p.op_ac_blocks for p in info.parts))
@@ -210,27 +196,36 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
         else:
             col.add("tp", "tp", t, "all_gather", passes, logits * a.vocab_size * lay.param_bytes, False)
 
+
+def _cp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) -> None:
     # Context parallel (torch's all-gather rotation): K and V (repeated to all query heads before SDPA) are
     # gathered in forward, again in backward and for fully recomputed blocks, and backward exchanges dK and dV
     # in fp32 (two calls); it overlaps the attention kernels.
-    kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // t) * a.head_dim * lay.param_bytes
-    full_blocks = sum(p.full_ac_blocks for p in info.parts)
-    kv_calls, grad_calls = 2 * blocks + full_blocks, 2 * blocks
+    a = lay.args
+    kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // lay.dims.tp) * a.head_dim * lay.param_bytes
+    blocks = sum(len(p.layers) for p in info.parts)
+    kv_calls, grad_calls = 2 * blocks + sum(p.full_ac_blocks for p in info.parts), 2 * blocks
     ring_bytes = kv_calls * kv + grad_calls * kv / 2 * 4 / lay.param_bytes
-    col.add("cp", "cp", c, "ring_kv", (kv_calls + grad_calls) * passes, ring_bytes / (kv_calls + grad_calls), True)
+    col.add("cp", "cp", lay.dims.cp, "ring_kv", (kv_calls + grad_calls) * passes,
+            ring_bytes / (kv_calls + grad_calls), True)
 
+
+def _pp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) -> None:
     # Pipeline: activations forward and their gradients backward at every boundary to a stage on another rank.
+    dims = lay.dims
     owner = _stage_owner(dims, lay.schedule)
-    num_stages = dims.pp * v
-    boundary = lay.microbatch_seqs * (lay.seq_len // (c * t)) * a.dim * lay.param_bytes
+    num_stages = dims.pp * stages_per_rank(lay.schedule)
+    boundary = lay.microbatch_seqs * (lay.seq_len // (dims.cp * dims.tp)) * lay.args.dim * lay.param_bytes
     crossings = sum((s > 0 and owner[s - 1] != info.pp_rank) + (s < num_stages - 1 and owner[s + 1] != info.pp_rank)
                     for s in (p.stage for p in info.parts))
     col.add("pp", "pp", dims.pp, "send_recv", 2 * crossings * passes, boundary, False)
 
-    # FSDP/HSDP: all-gather unsharded (TP-local) parameters for forward and, when resharded after it, again for
-    # backward; reduce-scatter gradients at each sync: once per step, or per schedule run under PP.
-    unsharded = sum(p.unsharded_params for p in info.parts)
-    local = sum(p.local_params for p in info.parts)
+
+def _fsdp_collectives(col: Collectives, lay: Layout, info: RankInfo, unsharded: int, local: int) -> int:
+    """Adds FSDP/HSDP traffic; returns the number of FSDP units."""
+    # All-gather unsharded (TP-local) parameters for forward and, when resharded after it, again for backward;
+    # reduce-scatter gradients at each sync: once per step, or per schedule run under PP.
+    dims, c = lay.dims, lay.dims.cp
     if dims.fsdp_enabled:
         shard_size, shard_inner = dims.dp_shard * c, "cp" if c > 1 else "dp_shard"
     else:
@@ -251,6 +246,29 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
     if dims.fsdp_enabled and dims.dp_replicate > 1:
         col.add("hsdp", "dp_replicate", dims.dp_replicate, "all_reduce", syncs, local * lay.reduce_bytes / units,
                 True)
+    return units
+
+
+def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> dict:
+    """Memory, collectives and per-microbatch compute of one rank."""
+    tokens = lay.local_tokens
+    passes = lay.microbatches * lay.accum
+    col = Collectives(hw, lay.dims)
+
+    linear = attention = 0.0
+    for part in info.parts:
+        lin, att = _flops(lay, part, tokens)
+        linear, attention = linear + lin, attention + att
+    speed = peak_flops * hw.mfu * (hw.compile_speedup if lay.compile else 1.0)
+    t_attention = attention / speed
+    t_compute = (linear / (hw.float8_speedup if lay.float8 else 1.0)) / speed + t_attention
+
+    _tp_collectives(col, lay, info, passes)
+    _cp_collectives(col, lay, info, passes)
+    _pp_collectives(col, lay, info, passes)
+    unsharded = sum(p.unsharded_params for p in info.parts)
+    local = sum(p.local_params for p in info.parts)
+    units = _fsdp_collectives(col, lay, info, unsharded, local)
 
     t_dp = col.seconds("fsdp") + col.seconds("hsdp")
     t_mb = (t_compute + (col.seconds("tp") + col.seconds("pp")) / passes

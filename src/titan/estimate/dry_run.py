@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
+from titan.builders import resolve_model_args as trainer_resolve_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
 from titan.config import ConfigError, parse_args
 from titan.config.manager import describe_type, field_docs, from_string, split_cli
@@ -26,7 +27,6 @@ from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
 from titan.estimate.layout import dry_run_rank, stage_ranges
 from titan.models import get_model_spec
-from titan.trainer import resolve_model_args as trainer_resolve_model_args
 
 
 def split_args(argv: list[str]) -> tuple[list[str], Hardware]:

@@ -9,11 +9,12 @@ import torch
 from torch.profiler import ProfilerAction
 
 from tests.titan.conftest import TINY
+from titan.components.nonfinite import NonFiniteLossError
 from titan.config import parse_args
 from titan.config.job_config import Profiling
 from titan.models import get_model_spec
 from titan.tools.profiling import StepProfiler, trace_schedule
-from titan.trainer import NonFiniteLossError, Trainer
+from titan.trainer import Trainer
 
 
 def train(folder, steps, *args, model_spec=None):

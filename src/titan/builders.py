@@ -1,0 +1,197 @@
+"""What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
+
+The model parts come about as DESIGN prescribes: built on the meta device, split into pipeline stages,
+parallelized (TP -> CP -> AC -> compile -> FSDP), then materialized with `to_empty` and initialized.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from titan.components.checkpoint import load_full_model_state_dict
+from titan.config import JobConfig
+from titan.distributed import ParallelDims
+from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges, stages_per_rank
+from titan.distributed.runtime import device_type
+from titan.protocols.model import PipelineModel
+from titan.protocols.model_spec import ModelSpec
+from titan.tools.logging import logger
+
+# Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
+FULL_INIT_MAX_PARAMS = 2_000_000_000
+
+MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
+
+
+def check_dump_folder_writable(folder: str) -> None:
+    """Fails before anything is written when the dump folder cannot be created or written."""
+    path = Path(folder).absolute()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise ValueError(f"job.dump_folder {folder} is not writable ({probe} is not a writable folder); "
+                         "pass --job.dump_folder with a writable path")
+
+
+def check_supported(pd: ParallelDims, cfg: JobConfig) -> None:
+    """Combinations of features this run cannot have, refused before any process group exists."""
+    if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
+        raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
+                         f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
+    if cfg.comm.mode == "fake":
+        raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
+    if cfg.metrics.comm_stats and cfg.compile.enable:
+        raise ValueError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
+                         "trace: count them in an eager run (--compile.enable false)")
+    if cfg.parallelism.enable_async_tensor_parallel:
+        if device_type() != "cuda":
+            raise ValueError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
+                             "on the CPU drop --parallelism.enable_async_tensor_parallel")
+        if not pd.tp_enabled:
+            raise ValueError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+        if not (cfg.compile.enable and "model" in cfg.compile.components):
+            raise ValueError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
+                             "with 'model' in compile.components")
+
+
+def seed_everything(debug) -> None:
+    torch.manual_seed(debug.seed)
+    if debug.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+
+
+def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
+    """The flavor's args with the config's `model.*` overrides, then the spec's own updates (e.g. vocab size)."""
+    if model_args is None:
+        flavor = job_config.model.flavor
+        if flavor not in spec.flavors:
+            raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
+                             f"known: {', '.join(spec.flavors)}")
+        model_args = copy.deepcopy(spec.flavors[flavor])
+        overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
+        unsupported = [k for k in overrides if not hasattr(model_args, k)]
+        if unsupported:
+            raise ValueError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
+        if overrides:
+            try:
+                model_args = dataclasses.replace(model_args, **overrides)
+            except ValueError as e:
+                raise ValueError(f"model overrides {overrides}: {e}") from None
+    if spec.update_model_args is not None:
+        model_args = spec.update_model_args(model_args, job_config, tokenizer)
+    return model_args
+
+
+def batch_layout(training, dp: int) -> tuple[int, int]:
+    """(global batch size, gradient accumulation steps) for `dp` data-parallel ranks."""
+    global_batch = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
+    if global_batch % (training.local_batch_size * dp):
+        raise ValueError(
+            f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
+            f"{training.local_batch_size} x data-parallel degree {dp}; adjust one of them"
+        )
+    return global_batch, global_batch // (training.local_batch_size * dp)
+
+
+@dataclass
+class PipelinePlacement:
+    """Which pipeline stages this rank holds."""
+
+    num_stages: int
+    stage_ids: list[int]
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+
+def split_for_pipeline(model: nn.Module, spec_name: str, pd: ParallelDims,
+                       pcfg) -> tuple[list[nn.Module], PipelinePlacement]:
+    """This rank's stages of the (meta) model."""
+    if not isinstance(model, PipelineModel):
+        raise ValueError(f"model {spec_name} cannot be pipelined (it names no pipeline_first_modules / "
+                         "pipeline_last_modules); set parallelism.pipeline_parallel_degree 1")
+    schedule = pcfg.pipeline_parallel_schedule
+    placement = PipelinePlacement(pd.pp * stages_per_rank(schedule),
+                                  stage_ids_for_rank(pd.world_mesh["pp"].get_local_rank(), pd.pp, schedule))
+    split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
+    ranges = stage_layer_ranges(len(model.layers), placement.num_stages, pcfg.pipeline_parallel_layers_per_stage,
+                                split_points)
+    logger.info(f"pipeline stages' layers: {[list(r) for r in ranges]}")
+    return split_model(model, placement.stage_ids, ranges), placement
+
+
+def full_initial_state_dict(spec: ModelSpec, model_args: Any, seed: int) -> dict[str, torch.Tensor]:
+    """The weights a single process would initialize, built on this rank's CPU."""
+    with torch.device("cpu"):
+        full = spec.build_model(model_args)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        full.init_weights(buffer_device=torch.device("cpu"))
+    return full.state_dict()
+
+
+@torch.no_grad()
+def materialize(parts: list[nn.Module], device: torch.device, initial_state_dict: dict[str, torch.Tensor] | None,
+                pipelined: bool, broadcast: bool, seed: int) -> None:
+    """Allocates the parallelized parts on `device` and fills them: from the state dict (a pipeline stage takes
+    its own keys; `broadcast`: rank 0's values go to every rank) or by the model's own init with `seed`."""
+    for part in parts:
+        part.to_empty(device=device)
+        if initial_state_dict is not None:
+            names = set(part.state_dict())
+            own = {k: v for k, v in initial_state_dict.items() if k in names} if pipelined else initial_state_dict
+            load_full_model_state_dict(part, own, broadcast_from_rank0=broadcast)
+            # Non-persistent buffers (e.g. RoPE tables) are not in state dicts.
+            part.init_buffers(device)
+        else:
+            torch.manual_seed(seed)
+            part.init_weights(buffer_device=device)
+        part.train()
+
+
+@dataclass
+class ModelParts:
+    """This rank's materialized model parts (one, or its pipeline stages) and what the metrics need of them."""
+
+    parts: list[nn.Module]
+    placement: PipelinePlacement | None
+    num_params: int
+    flops_per_token: float
+
+
+def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: ParallelDims, device: torch.device,
+                      rank: int, world_size: int, initial_state_dict: dict[str, torch.Tensor] | None) -> ModelParts:
+    """Meta model -> this rank's pipeline stages -> parallelized -> materialized and initialized."""
+    with torch.device("meta"):
+        model = spec.build_model(model_args)
+    num_params = sum(p.numel() for p in model.parameters())
+    flops_per_token = (spec.flops_per_token(model, model_args, cfg.training.seq_len) if spec.flops_per_token
+                       else 6.0 * num_params)
+    logger.info(f"model {spec.name}/{cfg.model.flavor}: {num_params:,} parameters, "
+                f"{flops_per_token / 1e6:.1f} MFLOP/token")
+    pp = pd.pp_enabled
+    full_init = (initial_state_dict is None and cfg.debug.full_init and world_size > 1
+                 and num_params <= FULL_INIT_MAX_PARAMS)
+    if full_init:
+        # Pipeline stages hold different parameters, so each rank builds the weights itself (same seed).
+        initial_state_dict = full_initial_state_dict(spec, model_args, cfg.debug.seed) if pp or rank == 0 else {}
+    parts, placement = split_for_pipeline(model, spec.name, pd, cfg.parallelism) if pp else ([model], None)
+    parts = [spec.parallelize(part, pd, cfg) for part in parts]
+    materialize(parts, device, initial_state_dict, pipelined=pp, broadcast=full_init and not pp, seed=cfg.debug.seed)
+    return ModelParts(parts, placement, num_params, flops_per_token)

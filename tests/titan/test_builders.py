@@ -1,0 +1,76 @@
+"""What the Trainer builds before step 1: model args from flavor and overrides, the batch layout, the checks
+that refuse a run early, and a materialized model equal to the one a single process initializes."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from tests.titan.conftest import TINY
+from titan.builders import (
+    batch_layout,
+    build_model_parts,
+    check_supported,
+    full_initial_state_dict,
+    resolve_model_args,
+    split_for_pipeline,
+)
+from titan.config import parse_args
+from titan.config.job_config import Training
+from titan.distributed import ParallelDims
+from titan.models import get_model_spec
+
+
+def test_model_args_are_the_flavor_with_overrides_and_the_tokenizer_vocabulary():
+    spec = get_model_spec("llama3")
+    cfg = parse_args(["--model.flavor", "debug", "--model.n_layers", "3", "--training.seq_len", "48"])
+    args = resolve_model_args(spec, cfg, None, SimpleNamespace(vocab_size=123))
+    expected = dataclasses.replace(spec.flavors["debug"], n_layers=3, vocab_size=123, max_seq_len=48)
+    assert args == expected
+
+
+def test_an_unknown_flavor_names_the_known_ones():
+    cfg = parse_args(["--model.flavor", "huge"])
+    with pytest.raises(ValueError, match="model.flavor: unknown flavor 'huge' of llama3; known: debug"):
+        resolve_model_args(get_model_spec("llama3"), cfg, None, SimpleNamespace(vocab_size=10))
+
+
+@pytest.mark.parametrize("local, global_, dp, expected", [(2, -1, 4, (8, 1)), (2, 16, 4, (16, 2)), (3, 12, 2, (12, 2))])
+def test_batch_layout_gives_the_global_batch_and_the_accumulation_steps(local, global_, dp, expected):
+    assert batch_layout(Training(local_batch_size=local, global_batch_size=global_), dp) == expected
+
+
+def test_a_global_batch_that_the_ranks_cannot_split_is_refused():
+    with pytest.raises(ValueError, match="global_batch_size 10 is not a multiple of local_batch_size 2 x "
+                                         "data-parallel degree 4"):
+        batch_layout(Training(local_batch_size=2, global_batch_size=10), 4)
+
+
+def test_context_parallel_needs_a_sequence_divisible_by_twice_its_degree():
+    cfg = parse_args(["--parallelism.context_parallel_degree", "2", "--training.seq_len", "30"])
+    dims = ParallelDims.from_config(cfg.parallelism, 2)
+    with pytest.raises(ValueError, match=r"seq_len 30 must be divisible by 2 x context_parallel_degree \(4\)"):
+        check_supported(dims, cfg)
+
+
+def test_a_model_without_pipeline_hooks_is_not_pipelined():
+    cfg = parse_args(["--parallelism.pipeline_parallel_degree", "2"])
+    dims = ParallelDims.from_config(cfg.parallelism, 2)
+    with pytest.raises(ValueError, match="model mlp cannot be pipelined"):
+        split_for_pipeline(nn.Sequential(nn.Linear(2, 2)), "mlp", dims, cfg.parallelism)
+
+
+def test_one_process_builds_exactly_the_weights_of_a_plain_seeded_init():
+    cfg = parse_args([*TINY, "--model.flavor", "debug"])
+    spec = get_model_spec("llama3")
+    args = resolve_model_args(spec, cfg, None, SimpleNamespace(vocab_size=64))
+    dims = ParallelDims.from_config(cfg.parallelism, 1)
+    dims.build_mesh("cpu")
+    built = build_model_parts(spec, args, cfg, dims, torch.device("cpu"), 0, 1, None)
+    reference = full_initial_state_dict(spec, args, cfg.debug.seed)
+    got = built.parts[0].state_dict()
+    assert set(got) == set(reference) and built.placement is None
+    assert all(torch.equal(got[k], reference[k]) for k in reference)
+    assert built.num_params == sum(v.numel() for v in reference.values())
