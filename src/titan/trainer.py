@@ -18,10 +18,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from titan.components.checkpoint import CheckpointManager, full_model_state_dict, load_full_model_state_dict
+from titan.components.checkpoint.initial_load import initial_state_dict as load_initial_state_dict
 from titan.components.metrics.logger import MetricsLogger
 from titan.components.metrics.throughput import device_peak_tflops, peak_memory_gib
 from titan.components.optimizer import build_lr_scheduler, build_optimizer
-from titan.config import JobConfig, to_toml
+from titan.config import JobConfig, to_dict, to_toml
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed import ParallelDims, compile_loss
 from titan.distributed.comm_stats import counted_step
@@ -72,10 +73,13 @@ MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
 def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
     if model_args is None:
         flavor = job_config.model.flavor
-        if flavor not in spec.flavors:
+        if flavor == "hf" and spec.args_from_folder is not None:
+            model_args = spec.args_from_folder(job_config)
+        elif flavor not in spec.flavors:
             raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
-                             f"known: {', '.join(spec.flavors)}")
-        model_args = copy.deepcopy(spec.flavors[flavor])
+                             f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
+        else:
+            model_args = copy.deepcopy(spec.flavors[flavor])
         overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
         unsupported = [k for k in overrides if not hasattr(model_args, k)]
         if unsupported:
@@ -148,6 +152,9 @@ class Trainer:
         logger.info(f"model {self.spec.name}/{job_config.model.flavor}: {self.num_params:,} parameters, "
                     f"{self.flops_per_token / 1e6:.1f} MFLOP/token")
         pp = self.parallel_dims.pp_enabled
+        if initial_state_dict is None:
+            initial_state_dict = load_initial_state_dict(self.spec, job_config, self.model_args,
+                                                         Path(self.dump_folder) / job_config.checkpoint.folder)
         full_init = (initial_state_dict is None and job_config.debug.full_init and world_size > 1
                      and self.num_params <= FULL_INIT_MAX_PARAMS)
         if full_init:
@@ -206,10 +213,13 @@ class Trainer:
                 self.dataloader.load_state_dict({k: state[k] for k in loader_keys})
 
         self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
-        self.metrics = MetricsLogger(self.dump_folder, job_config.metrics.enable_jsonl,
-                                     job_config.metrics.enable_tensorboard, self.rank)
+        mcfg = job_config.metrics
+        self.metrics = MetricsLogger(self.dump_folder, mcfg.enable_jsonl, mcfg.enable_tensorboard, self.rank,
+                                     mcfg.save_tb_folder, mcfg.enable_wandb, job_config.job.name, to_dict(job_config))
         if self.rank == 0:
             Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
+        if job_config.job.print_config:
+            logger.info(f"config:\n{to_toml(job_config)}")
 
     @property
     def model(self) -> torch.nn.Module:
