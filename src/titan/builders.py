@@ -75,10 +75,13 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
     """The flavor's args with the config's `model.*` overrides, then the spec's own updates (e.g. vocab size)."""
     if model_args is None:
         flavor = job_config.model.flavor
-        if flavor not in spec.flavors:
+        if flavor == "hf" and spec.args_from_folder is not None:
+            model_args = spec.args_from_folder(job_config)
+        elif flavor not in spec.flavors:
             raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
-                             f"known: {', '.join(spec.flavors)}")
-        model_args = copy.deepcopy(spec.flavors[flavor])
+                             f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
+        else:
+            model_args = copy.deepcopy(spec.flavors[flavor])
         overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
         unsupported = [k for k in overrides if not hasattr(model_args, k)]
         if unsupported:

@@ -4,59 +4,50 @@
     python -m titan.export --from-hf HF_DIR [--config C.toml] [overrides]  # HF folder -> step-0 checkpoint
 
 The config names the model and the checkpoint folder (`job.dump_folder`/`checkpoint.folder`), as for
-training; `--from-hf` writes a seed checkpoint that a training run with the same config starts from.
+training; `--from-hf` writes a seed checkpoint that a training run with the same config starts from (a run can
+also start from the folder itself: `--checkpoint.initial_load_path HF_DIR --checkpoint.initial_load_in_hf`).
+`--to-hf` writes the weights in checkpoint.export_dtype, sharded with an index above 5 GiB.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from titan.components.checkpoint import CheckpointError
 from titan.config import ConfigError, parse_args
-from titan.models.llama3.hf_adapter import from_hf, hf_config, to_hf
+from titan.config.dtypes import TORCH_DTYPES
+from titan.models.llama3.hf_files import save_hf
 from titan.trainer import Trainer
 
 
-def export_to_hf(argv: list[str], out_dir: Path) -> Path:
-    from safetensors.torch import save_file
+def check_outside_dump_folder(out_dir: Path, dump_folder: str) -> None:
+    """An export is a separate artifact: inside the run's folder a later resume or cleanup would meet it."""
+    out, dump = out_dir.absolute().resolve(), Path(dump_folder).absolute().resolve()
+    if out == dump or dump in out.parents:
+        raise ValueError(f"--to-hf {out_dir} is inside job.dump_folder {dump_folder}; export to a folder outside it")
 
+
+def export_to_hf(argv: list[str], out_dir: Path) -> Path:
     config = parse_args([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
                          "--metrics.enable_tensorboard", "false"])
     if config.model.name != "llama3":
         raise ValueError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
+    check_outside_dump_folder(out_dir, config.dump_folder)
     trainer = Trainer(config)
     if trainer.step == 0:
         raise ValueError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = to_hf(trainer.full_state_dict(), trainer.model_args)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config(trainer.model_args), indent=1))
+    save_hf(out_dir, trainer.full_state_dict(), trainer.model_args, TORCH_DTYPES[config.checkpoint.export_dtype])
     return out_dir
 
 
 def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
-    from safetensors.torch import load_file
-
-    files = sorted(hf_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{hf_dir} holds no .safetensors files")
-    hf_tensors = {}
-    for f in files:
-        hf_tensors.update(load_file(str(f)))
+    """A step-0 checkpoint of the folder's weights: the run's initial load, saved as a seed checkpoint."""
     config = parse_args([*argv, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+                         "--checkpoint.initial_load_path", str(hf_dir), "--checkpoint.initial_load_in_hf",
                          "--metrics.enable_jsonl", "false", "--metrics.enable_tensorboard", "false"])
-    probe = Trainer(config)
-    state = {k: v.float() for k, v in from_hf(hf_tensors, probe.model_args).items()}
-    expected = set(probe.model.state_dict())
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
-        raise ValueError(f"{hf_dir} does not match {config.model.name}/{config.model.flavor}: "
-                         f"missing {missing}, unexpected {extra}")
-    trainer = Trainer(config, initial_state_dict=state)
+    trainer = Trainer(config)
     trainer.save_seed_checkpoint()
     return Path(config.dump_folder) / config.checkpoint.folder / "step-0"
 

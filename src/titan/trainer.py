@@ -20,13 +20,14 @@ from titan.builders import (
     seed_everything,
 )
 from titan.components.checkpoint import CheckpointManager, full_model_state_dict
+from titan.components.checkpoint.initial_load import initial_state_dict as load_initial_state_dict
 from titan.components.metrics.logger import MetricsLogger
 from titan.components.metrics.records import ThroughputWindow
 from titan.components.metrics.throughput import device_peak_tflops
 from titan.components.nonfinite import NonFiniteGuard
 from titan.components.optimizer import build_lr_scheduler, build_optimizer
 from titan.components.validate import evaluate
-from titan.config import JobConfig, to_toml
+from titan.config import JobConfig, to_dict, to_toml
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed import ParallelDims, compile_loss
 from titan.distributed.comm_stats import counted_step
@@ -101,13 +102,19 @@ class Trainer:
         if not job_config.checkpoint.create_seed_checkpoint:
             self._resume()
         self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
-        self.metrics = MetricsLogger(self.dump_folder, job_config.metrics.enable_jsonl,
-                                     job_config.metrics.enable_tensorboard, self.rank)
+        mcfg = job_config.metrics
+        self.metrics = MetricsLogger(self.dump_folder, mcfg.enable_jsonl, mcfg.enable_tensorboard, self.rank,
+                                     mcfg.save_tb_folder, mcfg.enable_wandb, job_config.job.name, to_dict(job_config))
         if self.rank == 0:
             Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
+        if job_config.job.print_config:
+            logger.info(f"config:\n{to_toml(job_config)}")
 
     def _build_model_parts(self, initial_state_dict: dict[str, torch.Tensor] | None, world_size: int) -> None:
         cfg = self.config
+        if initial_state_dict is None:
+            initial_state_dict = load_initial_state_dict(self.spec, cfg, self.model_args,
+                                                         Path(self.dump_folder) / cfg.checkpoint.folder)
         built = build_model_parts(self.spec, self.model_args, cfg, self.parallel_dims, self.device, self.rank,
                                   world_size, initial_state_dict)
         self.model_parts, self.pp_placement = built.parts, built.placement

@@ -17,7 +17,7 @@ def build_optimizer(model: nn.Module, opt_config) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=opt_config.lr, momentum=opt_config.momentum,
                                weight_decay=opt_config.weight_decay, **kwargs)
     cls = torch.optim.AdamW if opt_config.name == "AdamW" else torch.optim.Adam
-    return cls(params, lr=opt_config.lr, betas=tuple(opt_config.betas), eps=opt_config.eps,
+    return cls(params, lr=opt_config.lr, betas=(opt_config.beta1, opt_config.beta2), eps=opt_config.eps,
                weight_decay=opt_config.weight_decay, **kwargs)
 
 
@@ -40,6 +40,8 @@ def lr_factor(step: int, warmup_steps: int, decay_steps: int, total_steps: int, 
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, sched_config, total_steps: int):
+    """`total_steps`: the run's training.steps, unless lr_scheduler.total_steps sets the schedule's own length."""
+    total_steps = sched_config.total_steps or total_steps
     warmup = min(sched_config.warmup_steps, total_steps)
     after_warmup = total_steps - warmup
     decay = after_warmup if sched_config.decay_ratio < 0 else int(round(after_warmup * sched_config.decay_ratio))

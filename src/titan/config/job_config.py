@@ -9,17 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-
-def _positive(section: str, **values: int | float) -> None:
-    for key, value in values.items():
-        if value <= 0:
-            raise ValueError(f"{section}.{key} must be > 0, got {value}")
-
-
-def _non_negative(section: str, **values: int | float) -> None:
-    for key, value in values.items():
-        if value < 0:
-            raise ValueError(f"{section}.{key} must be >= 0, got {value}")
+from titan.config.checks import non_negative, positive
+from titan.config.model_section import Model
 
 
 @dataclass
@@ -30,39 +21,12 @@ class Job:
     """Folder for metrics, tensorboard and checkpoints (empty = ./outputs/<job.name>)."""
     description: str = ""
     """Free text saved with the run."""
+    print_config: bool = False
+    """Log the resolved config (as TOML) when the run starts."""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
             raise ValueError(f"job.name must be a non-empty name without '/', got {self.name!r}")
-
-
-@dataclass
-class Model:
-    name: str = "llama3"
-    """Registered model name (llama3, or one registered by model.spec)."""
-    flavor: str = "debug"
-    """Model size within the family (llama3: debug, 8B, 70B, 405B)."""
-    spec: str = ""
-    """Import path of a module that registers the model, e.g. lcsm.hyena (empty for llama3)."""
-    tokenizer: Literal["auto", "bpe", "llama3"] = "auto"
-    """Tokenizer: llama3 (official 128K), bpe (small BPE trained on the corpus), auto = bpe for debug."""
-    bpe_vocab_size: int = 4096
-    """Vocabulary size of the corpus-trained BPE tokenizer."""
-    n_layers: int = 0
-    """Override the flavor's number of layers (0 = keep), e.g. to shorten a big model for a test."""
-    dim: int = 0
-    """Override the flavor's model width (0 = keep)."""
-    n_heads: int = 0
-    """Override the flavor's attention heads (0 = keep)."""
-    n_kv_heads: int = 0
-    """Override the flavor's key/value heads for grouped-query attention (0 = keep)."""
-
-    def __post_init__(self) -> None:
-        _positive("model", bpe_vocab_size=self.bpe_vocab_size)
-        _non_negative("model", n_layers=self.n_layers, dim=self.dim, n_heads=self.n_heads,
-                      n_kv_heads=self.n_kv_heads)
-        if self.bpe_vocab_size < 300:
-            raise ValueError(f"model.bpe_vocab_size must be >= 300 (bytes + specials), got {self.bpe_vocab_size}")
 
 
 @dataclass
@@ -95,9 +59,9 @@ class Training:
     """With on_nonfinite = skip: stop after this many non-finite steps in a row."""
 
     def __post_init__(self) -> None:
-        _positive("training", steps=self.steps, local_batch_size=self.local_batch_size, seq_len=self.seq_len)
-        _non_negative("training", max_norm=self.max_norm)
-        _positive("training", max_consecutive_skips=self.max_consecutive_skips)
+        positive("training", steps=self.steps, local_batch_size=self.local_batch_size, seq_len=self.seq_len)
+        non_negative("training", max_norm=self.max_norm)
+        positive("training", max_consecutive_skips=self.max_consecutive_skips)
         if self.global_batch_size == 0 or self.global_batch_size < -1:
             raise ValueError(f"training.global_batch_size must be > 0 or -1, got {self.global_batch_size}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -110,22 +74,25 @@ class Optimizer:
     """Optimizer class."""
     lr: float = 8e-4
     """Peak learning rate."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """Adam betas."""
+    beta1: float = 0.9
+    """Adam beta1 (first-moment decay); optimizer.betas = [beta1, beta2] sets both."""
+    beta2: float = 0.95
+    """Adam beta2 (second-moment decay)."""
     eps: float = 1e-8
     """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay."""
     momentum: float = 0.9
     """SGD momentum."""
-    implementation: Literal["foreach", "fused", "for-loop"] = "foreach"
+    implementation: Literal["foreach", "fused", "for-loop"] = "fused"
     """Kernel style of the optimizer step."""
 
     def __post_init__(self) -> None:
-        _positive("optimizer", lr=self.lr, eps=self.eps)
-        _non_negative("optimizer", weight_decay=self.weight_decay)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+        positive("optimizer", lr=self.lr, eps=self.eps)
+        non_negative("optimizer", weight_decay=self.weight_decay)
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}")
 
 
 @dataclass
@@ -134,13 +101,15 @@ class LRScheduler:
     """Linear warmup steps from near zero to optimizer.lr."""
     decay_ratio: float = -1.0
     """Fraction of steps spent decaying at the end (-1 = decay over all steps after warmup)."""
-    decay_type: Literal["linear", "cosine", "sqrt"] = "cosine"
+    decay_type: Literal["linear", "cosine", "sqrt"] = "linear"
     """Shape of the decay."""
-    min_lr_factor: float = 0.1
+    min_lr_factor: float = 0.0
     """Final learning rate as a fraction of optimizer.lr."""
+    total_steps: int = 0
+    """Steps the schedule spans (0 = training.steps), e.g. to keep a long run's schedule in a short test."""
 
     def __post_init__(self) -> None:
-        _non_negative("lr_scheduler", warmup_steps=self.warmup_steps)
+        non_negative("lr_scheduler", warmup_steps=self.warmup_steps, total_steps=self.total_steps)
         if not (self.decay_ratio == -1.0 or 0.0 <= self.decay_ratio <= 1.0):
             raise ValueError(f"lr_scheduler.decay_ratio must be in [0, 1] or -1, got {self.decay_ratio}")
         if not 0.0 <= self.min_lr_factor <= 1.0:
@@ -177,7 +146,7 @@ class Parallelism:
     """With TP on CUDA: overlap TP collectives with matmuls (compiler micro-pipelining; needs compile.enable)."""
 
     def __post_init__(self) -> None:
-        _positive(
+        positive(
             "parallelism",
             data_parallel_replicate_degree=self.data_parallel_replicate_degree,
             tensor_parallel_degree=self.tensor_parallel_degree,
@@ -185,7 +154,7 @@ class Parallelism:
             context_parallel_degree=self.context_parallel_degree,
             pipeline_parallel_microbatch_size=self.pipeline_parallel_microbatch_size,
         )
-        _non_negative("parallelism", pipeline_parallel_layers_per_stage=self.pipeline_parallel_layers_per_stage)
+        non_negative("parallelism", pipeline_parallel_layers_per_stage=self.pipeline_parallel_layers_per_stage)
         for point in self.pipeline_parallel_split_points:
             if not (point.startswith("layers.") and point[7:].isdigit()):
                 raise ValueError(f"parallelism.pipeline_parallel_split_points: {point!r} is not a block name like "
@@ -205,7 +174,7 @@ class Checkpoint:
     """Checkpoint folder, relative to job.dump_folder."""
     interval: int = 500
     """Save every N steps (and at the last step)."""
-    keep_latest_k: int = 0
+    keep_latest_k: int = 10
     """Keep only the newest K checkpoints (0 = keep all)."""
     async_mode: Literal["disabled", "async"] = "disabled"
     """Save in the background while training continues."""
@@ -216,6 +185,10 @@ class Checkpoint:
     """Resume from this step instead of the latest (-1 = latest)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """State keys not to load on resume, e.g. ["optimizer", "lr_scheduler", "dataloader"]."""
+    initial_load_path: str = ""
+    """Weights to start from when the checkpoint folder holds no checkpoint (a Hugging Face model folder)."""
+    initial_load_in_hf: bool = False
+    """checkpoint.initial_load_path is in Hugging Face format (config.json + safetensors); required with it."""
     create_seed_checkpoint: bool = False
     """Write the initial weights as step 0 and exit (one process), so every layout starts from them."""
     last_save_model_only: bool = False
@@ -224,8 +197,8 @@ class Checkpoint:
     """Dtype of model-only checkpoints."""
 
     def __post_init__(self) -> None:
-        _positive("checkpoint", interval=self.interval)
-        _non_negative("checkpoint", keep_latest_k=self.keep_latest_k)
+        positive("checkpoint", interval=self.interval)
+        non_negative("checkpoint", keep_latest_k=self.keep_latest_k)
         if self.load_step < -1:
             raise ValueError(f"checkpoint.load_step must be >= 0 or -1 (latest), got {self.load_step}")
         allowed = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}
@@ -239,7 +212,11 @@ class Metrics:
     log_freq: int = 10
     """Log every N steps (and the first and last)."""
     enable_tensorboard: bool = True
-    """Write tensorboard event files under <dump_folder>/tb."""
+    """Write tensorboard event files under <dump_folder>/<save_tb_folder>."""
+    save_tb_folder: str = "tb"
+    """Tensorboard folder, relative to job.dump_folder."""
+    enable_wandb: bool = False
+    """Log the same scalars to Weights & Biases (pip install wandb; WANDB_MODE=offline writes locally)."""
     enable_jsonl: bool = True
     """Write <dump_folder>/metrics.jsonl."""
     cpu_peak_tflops: float = 0.0
@@ -248,8 +225,10 @@ class Metrics:
     """Count each step's collectives and log their payload bytes per kind:group as comm_bytes (slows steps)."""
 
     def __post_init__(self) -> None:
-        _positive("metrics", log_freq=self.log_freq)
-        _non_negative("metrics", cpu_peak_tflops=self.cpu_peak_tflops)
+        positive("metrics", log_freq=self.log_freq)
+        if not self.save_tb_folder:
+            raise ValueError("metrics.save_tb_folder must name a folder under job.dump_folder, got ''")
+        non_negative("metrics", cpu_peak_tflops=self.cpu_peak_tflops)
 
 
 @dataclass
@@ -266,7 +245,7 @@ class Profiling:
     """Memory snapshot folder, relative to job.dump_folder."""
 
     def __post_init__(self) -> None:
-        _positive("profiling", profile_freq=self.profile_freq)
+        positive("profiling", profile_freq=self.profile_freq)
         for key in ("save_traces_folder", "save_memory_snapshot_folder"):
             if not getattr(self, key):
                 raise ValueError(f"profiling.{key} must name a folder under job.dump_folder, got ''")
@@ -282,7 +261,7 @@ class Validation:
     """Batches per validation (-1 = the whole validation split)."""
 
     def __post_init__(self) -> None:
-        _positive("validation", freq=self.freq)
+        positive("validation", freq=self.freq)
         if self.steps == 0 or self.steps < -1:
             raise ValueError(f"validation.steps must be > 0 or -1, got {self.steps}")
 
@@ -308,7 +287,7 @@ class Compile:
     """torch.compile what compile.components names."""
     backend: str = "inductor"
     """torch.compile backend."""
-    components: list[Literal["model", "loss"]] = field(default_factory=lambda: ["model"])
+    components: list[Literal["model", "loss"]] = field(default_factory=lambda: ["model", "loss"])
     """What to compile: model (each transformer block) and/or loss (the spec's loss function)."""
 
     def __post_init__(self) -> None:
@@ -325,6 +304,8 @@ class Float8:
     """Scaling granularity."""
     enable_fsdp_float8_all_gather: bool = False
     """With FSDP: all-gather float8 linear weights in float8 (half of bf16's bytes); tensorwise recipe only."""
+    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
+    """Linear layers kept in high precision: those whose name contains one of these."""
 
     def __post_init__(self) -> None:
         if self.enable_fsdp_float8_all_gather and not self.enable:
@@ -348,8 +329,8 @@ class Comm:
     """NCCL flight recorder: collectives kept per rank, dumped to <dump_folder>/comm_traces on a timeout (0 = off)."""
 
     def __post_init__(self) -> None:
-        _non_negative("comm", world_size=self.world_size, trace_buf_size=self.trace_buf_size)
-        _positive("comm", init_timeout_seconds=self.init_timeout_seconds,
+        non_negative("comm", world_size=self.world_size, trace_buf_size=self.trace_buf_size)
+        positive("comm", init_timeout_seconds=self.init_timeout_seconds,
                   train_timeout_seconds=self.train_timeout_seconds)
 
 
@@ -370,7 +351,7 @@ class Debug:
     """Autograd anomaly detection: name the backward op that produced a NaN (slows every step)."""
 
     def __post_init__(self) -> None:
-        _non_negative("debug", seed=self.seed, threads=self.threads)
+        non_negative("debug", seed=self.seed, threads=self.threads)
 
 
 @dataclass

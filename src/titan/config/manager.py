@@ -14,6 +14,7 @@ from typing import Any, Literal
 import tomli
 
 from titan.config.job_config import JobConfig
+from titan.config.torchtitan import translate
 
 
 class ConfigError(ValueError):
@@ -118,6 +119,28 @@ def _assign(values: dict[str, dict[str, Any]], section: str, key: str, value: An
     values.setdefault(section, {})[key] = converted
 
 
+def _assign_name(values: dict[str, dict[str, Any]], name: str, value: Any, from_cli: bool) -> None:
+    """Sets `section.key[.sub]`, in our spelling or TorchTitan's (see titan.config.torchtitan)."""
+    try:
+        pairs = translate(name, value, from_cli)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for target, converted in pairs:
+        section, dot, key = target.partition(".")
+        if not dot:
+            raise ConfigError(f"option --{name} must look like --section.key (see --help)")
+        _assign(values, section, key, converted, from_cli)
+
+
+def _flatten(table: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """TOML subtables ([quantize.linear.float8]) as dotted names."""
+    out: list[tuple[str, Any]] = []
+    for key, value in table.items():
+        name = f"{prefix}.{key}"
+        out.extend(_flatten(value, name) if isinstance(value, dict) else [(name, value)])
+    return out
+
+
 def _read_toml(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
@@ -191,13 +214,10 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         for section, table in _read_toml(config_path).items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{config_path}: top-level key {section!r} must be a [section] table")
-            for key, value in table.items():
-                _assign(values, section, key, value, from_cli=False)
+            for name, value in _flatten(table, section):
+                _assign_name(values, name, value, from_cli=False)
     for name, raw in overrides:
-        section, dot, key = name.partition(".")
-        if not dot:
-            raise ConfigError(f"option --{name} must look like --section.key (see --help)")
-        _assign(values, section, key, raw, from_cli=True)
+        _assign_name(values, name, raw, from_cli=True)
     return build_job_config(values)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -49,5 +50,10 @@ class ModelSpec:
     """`(args, job_config, tokenizer) -> args`, e.g. to set the vocabulary size from the tokenizer."""
     flops_per_token: Callable[[nn.Module, Any, int], float] | None = None
     """`(model, args, seq_len) -> training FLOPs per token`; None means 6 x parameters."""
+    args_from_folder: Callable[[JobConfig], Any] | None = None
+    """`job_config -> args` for `model.flavor = "hf"`: the architecture of the Hugging Face folder the config names."""
+    load_hf_weights: Callable[[Path, Any], dict[str, torch.Tensor]] | None = None
+    """`(folder, args) -> state dict`: a Hugging Face folder's weights in this model's names, for
+    `checkpoint.initial_load_path` with `checkpoint.initial_load_in_hf`."""
     metrics_fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None
     """Extra per-batch metrics beside the loss (e.g. accuracy), each a scalar tensor averaged over ranks."""

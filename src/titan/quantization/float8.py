@@ -212,10 +212,10 @@ def enable_float8_all_gather(model: nn.Module) -> int:
     return wrapped
 
 
-def is_float8_eligible(fqn: str, linear: nn.Linear, skip_fqns: tuple[str, ...] = ("output",)) -> bool:
-    """The output layer stays high precision (its logits feed the loss directly); small or odd dims cannot
-    use the float8 kernels."""
-    if fqn in skip_fqns:
+def is_float8_eligible(fqn: str, linear: nn.Linear, filter_fqns: tuple[str, ...] | list[str] = ("output",)) -> bool:
+    """Layers whose name contains one of `filter_fqns` stay high precision (by default the output layer, whose
+    logits feed the loss directly); small or odd dims cannot use the float8 kernels."""
+    if any(f in fqn for f in filter_fqns):
         return False
     return linear.in_features % FP8_ALIGNMENT == 0 and linear.out_features % FP8_ALIGNMENT == 0
 
@@ -232,7 +232,7 @@ def apply_float8(model: nn.Module, float8_config, device: torch.device | None = 
     for fqn, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
             continue
-        if not is_float8_eligible(fqn, module):
+        if not is_float8_eligible(fqn, module, float8_config.filter_fqns):
             skipped.append(fqn)
             continue
         parent_name, _, child = fqn.rpartition(".")

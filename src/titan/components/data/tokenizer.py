@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import importlib.util
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,8 @@ class Tokenizer(abc.ABC):
     vocab_size: int
     bos_id: int
     eos_id: int
+    identity: str = ""
+    """A hash of the file a folder's tokenizer was read from, so cached token ids of two tokenizers never mix."""
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         ids = self._encode_batch([text])[0]
@@ -82,12 +85,15 @@ class Llama3Tokenizer(Tokenizer):
 class BPETokenizer(Tokenizer):
     """A byte-level BPE (HF `tokenizers`) with BOS/EOS; small vocabularies keep tiny models cheap."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, bos: str = BOS, eos: str = EOS):
         from tokenizers import Tokenizer as HFTokenizer
 
         self.model = HFTokenizer.from_file(str(path))
         self.vocab_size = self.model.get_vocab_size()
-        self.bos_id, self.eos_id = self.model.token_to_id(BOS), self.model.token_to_id(EOS)
+        self.bos_id, self.eos_id = self.model.token_to_id(bos), self.model.token_to_id(eos)
+        if self.bos_id is None or self.eos_id is None:
+            raise ValueError(f"{path} has no {bos if self.bos_id is None else eos} token; name the begin/end "
+                             "tokens in tokenizer_config.json (bos_token, eos_token)")
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.model.encode_batch(texts, add_special_tokens=False)]
@@ -113,6 +119,34 @@ class BPETokenizer(Tokenizer):
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tok.save(str(tmp))
         os.replace(tmp, path)
+
+
+def _special_token(config: dict, key: str) -> str | None:
+    """tokenizer_config.json stores a special token as a string or as {"content": ...}."""
+    value = config.get(key)
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def hf_folder_tokenizer(folder: Path) -> Tokenizer:
+    """The tokenizer of a Hugging Face model folder: tokenizer.json (HF tokenizers), else Meta's
+    original/tokenizer.model (tiktoken)."""
+    folder = Path(folder)
+    tokenizer: Tokenizer
+    if (folder / "tokenizer.json").is_file():
+        path = folder / "tokenizer.json"
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        tokenizer = BPETokenizer(path, _special_token(config, "bos_token") or BOS,
+                                 _special_token(config, "eos_token") or EOS)
+    elif (folder / "original" / "tokenizer.model").is_file():
+        path = folder / "original" / "tokenizer.model"
+        tokenizer = Llama3Tokenizer(path)
+    else:
+        raise FileNotFoundError(f"model.hf_assets_path {folder} holds neither tokenizer.json nor "
+                                "original/tokenizer.model; download the model's tokenizer there, or pass "
+                                "--model.hf_assets_path '' to use model.tokenizer")
+    tokenizer.identity = hashlib.sha1(path.read_bytes()).hexdigest()[:16]
+    return tokenizer
 
 
 def cache_dir() -> Path:

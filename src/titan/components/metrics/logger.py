@@ -1,4 +1,4 @@
-"""Step metrics to the console, metrics.jsonl and tensorboard; written by rank 0 only."""
+"""Step metrics to the console, metrics.jsonl, tensorboard and Weights & Biases; written by rank 0 only."""
 
 from __future__ import annotations
 
@@ -21,11 +21,24 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def start_wandb(dump_folder: str, run_name: str, config: dict[str, Any] | None):
+    """A Weights & Biases run beside the other sinks; WANDB_PROJECT / WANDB_MODE (e.g. offline) as wandb reads them."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("metrics.enable_wandb needs wandb: pip install wandb (or the 'wandb' extra)") from None
+    return wandb.init(project=os.environ.get("WANDB_PROJECT", "titan"), name=run_name or None, dir=dump_folder,
+                      config=config, resume="allow")
+
+
 class MetricsLogger:
-    def __init__(self, dump_folder: str, enable_jsonl: bool, enable_tensorboard: bool, rank: int):
+    def __init__(self, dump_folder: str, enable_jsonl: bool, enable_tensorboard: bool, rank: int,
+                 tb_folder: str = "tb", enable_wandb: bool = False, run_name: str = "",
+                 run_config: dict[str, Any] | None = None):
         self.is_writer = rank == 0
         self.jsonl = None
         self.tb = None
+        self.wandb = None
         if not self.is_writer:
             return
         os.makedirs(dump_folder, exist_ok=True)
@@ -35,7 +48,9 @@ class MetricsLogger:
         if enable_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(Path(dump_folder) / "tb"))
+            self.tb = SummaryWriter(log_dir=str(Path(dump_folder) / tb_folder))
+        if enable_wandb:
+            self.wandb = start_wandb(dump_folder, run_name, run_config)
 
     def log(self, record: dict[str, Any], eta_s: float) -> None:
         if not self.is_writer:
@@ -47,6 +62,9 @@ class MetricsLogger:
                 if key != "step" and isinstance(value, (int, float)):
                     self.tb.add_scalar(key, value, record["step"])
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))},
+                           step=record["step"])
         mfu = record.get("mfu")
         extra = "".join(f"  {k} {v:.4f}" for k, v in record.items() if k not in CONSOLE_KEYS and isinstance(v, float))
         logger.info(
@@ -63,3 +81,6 @@ class MetricsLogger:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

@@ -1,22 +1,15 @@
-"""Llama 3.1, registered as the `llama3` ModelSpec."""
+"""Llama 3.x, registered as the `llama3` ModelSpec."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from titan.components.data import build_text_dataloader, build_tokenizer
 from titan.models import register_model_spec
 from titan.models.llama3.flavors import llama3_flavors
+from titan.models.llama3.hf_files import load_hf_weights
 from titan.models.llama3.model import ModelArgs, Transformer, flops_per_token
 from titan.models.llama3.parallelize import parallelize_llama
+from titan.models.llama3.resolve import args_from_folder, update_model_args
 from titan.protocols.model_spec import ModelSpec
-
-
-def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:
-    """The vocabulary comes from the tokenizer; the RoPE table covers exactly the training sequence length
-    (context parallel shards it along with the sequence)."""
-    return dataclasses.replace(args, vocab_size=tokenizer.vocab_size, max_seq_len=job_config.training.seq_len)
-
 
 llama3_spec = register_model_spec(
     ModelSpec(
@@ -28,6 +21,8 @@ llama3_spec = register_model_spec(
         build_tokenizer=build_tokenizer,
         update_model_args=update_model_args,
         flops_per_token=flops_per_token,
+        args_from_folder=args_from_folder,
+        load_hf_weights=load_hf_weights,
     )
 )
 

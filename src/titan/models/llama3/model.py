@@ -1,9 +1,11 @@
-"""Llama 3.1 as plain single-device PyTorch: RMSNorm, RoPE with 3.1 frequency scaling, GQA via SDPA, SwiGLU."""
+"""Llama 3.x as plain single-device PyTorch: RMSNorm, RoPE (optionally with Llama 3.1's frequency scaling), GQA
+via SDPA, SwiGLU, optionally tied input and output embeddings."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,8 @@ from torch import nn
 
 @dataclass
 class ModelArgs:
+    """Every architecture field of a Llama 3.x Hugging Face config.json has a counterpart here."""
+
     dim: int = 4096
     n_layers: int = 32
     n_heads: int = 32
@@ -19,17 +23,43 @@ class ModelArgs:
     vocab_size: int = 128256
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
+    hidden_dim: int = 0
+    """Explicit SwiGLU hidden size (HF intermediate_size); 0 = derived from multiple_of and ffn_dim_multiplier."""
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
-    rope_scaling: bool = True
+    rope_scaling: Literal["none", "llama3"] = "llama3"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
+    """Context length before the llama3 rescaling (HF original_max_position_embeddings)."""
+    tie_embeddings: bool = False
+    max_context_len: int = 131072
+    """Context the weights are made for (HF max_position_embeddings); exported, not used by training."""
     max_seq_len: int = 131072
+    """Length of the RoPE table built (the training sequence length)."""
 
     def __post_init__(self) -> None:
         kv = self.n_kv_heads or self.n_heads
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len", "max_context_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model {name} must be > 0, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % kv:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim {self.head_dim} (dim / n_heads) must be even for RoPE")
+        if self.hidden_dim < 0 or self.norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError(f"model hidden_dim must be >= 0 and norm_eps, rope_theta > 0, got {self.hidden_dim}, "
+                             f"{self.norm_eps}, {self.rope_theta}")
+        if self.rope_scaling == "llama3":
+            if not (self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+                raise ValueError(f"llama3 rope scaling needs factor >= 1 and 0 < low_freq_factor < "
+                                 f"high_freq_factor, got {self.rope_factor}, {self.rope_low_freq_factor}, "
+                                 f"{self.rope_high_freq_factor}")
+            if self.rope_original_max_seq_len <= 0:
+                raise ValueError(f"rope original context must be > 0, got {self.rope_original_max_seq_len}")
 
     @property
     def head_dim(self) -> int:
@@ -37,6 +67,8 @@ class ModelArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
+        if self.hidden_dim:
+            return self.hidden_dim
         hidden = int(2 * 4 * self.dim / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -44,19 +76,20 @@ class ModelArgs:
 
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
-    """Per-pair rotation frequencies (head_dim/2,), with Llama 3.1's long-context rescaling."""
-    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
-    if not args.rope_scaling:
-        return freqs.float()
-    scale_factor, low_freq_factor, high_freq_factor, old_context_len = 8.0, 1.0, 4.0, 8192
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
+    """Per-pair rotation frequencies (head_dim/2,) in fp32, as Meta's reference and transformers compute them,
+    with Llama 3.1's long-context rescaling when rope_scaling is llama3."""
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim))
+    if args.rope_scaling == "none":
+        return freqs
+    factor, low, high = args.rope_factor, args.rope_low_freq_factor, args.rope_high_freq_factor
+    old_context = args.rope_original_max_seq_len
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
     wavelen = 2 * math.pi / freqs
-    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    scaled = torch.where(wavelen > low_freq_wavelen, freqs / scale_factor, freqs)
+    # Long wavelengths are divided by the factor, short ones kept, the band between interpolated.
+    scaled = torch.where(wavelen > low_freq_wavelen, freqs / factor, freqs)
+    smooth = (old_context / wavelen - low) / (high - low)
     mid = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    scaled = torch.where(mid, (1 - smooth) * freqs / scale_factor + smooth * freqs, scaled)
-    return scaled.float()
+    return torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def rope_cache(args: ModelArgs, seq_len: int) -> torch.Tensor:
@@ -68,7 +101,8 @@ def rope_cache(args: ModelArgs, seq_len: int) -> torch.Tensor:
 def apply_rotary(x_BTHD: torch.Tensor, rope_TH2: torch.Tensor) -> torch.Tensor:
     """Rotates consecutive (even, odd) pairs of each head dimension, as Meta's reference does."""
     B, T, H, D = x_BTHD.shape
-    x = x_BTHD.float().reshape(B, T, H, D // 2, 2)
+    # At least fp32 (fp64 stays fp64, so that fp64 runs compare exactly with other implementations).
+    x = x_BTHD.to(torch.promote_types(x_BTHD.dtype, torch.float32)).reshape(B, T, H, D // 2, 2)
     cos = rope_TH2[:T, None, :, 0]
     sin = rope_TH2[:T, None, :, 1]
     real = x[..., 0] * cos - x[..., 1] * sin
@@ -156,7 +190,8 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Tied: the logits use the embedding matrix (Llama 3.2 1B/3B), so there is no separate output layer.
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope_cache", rope_cache(args, args.max_seq_len), persistent=False)
 
     def init_buffers(self, buffer_device: torch.device | None = None) -> None:
@@ -167,7 +202,9 @@ class Transformer(nn.Module):
         """Initializes parameters and the RoPE table in place (after `to_empty` from the meta device)."""
         self.init_buffers(buffer_device)
         if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight)
+            # A tied embedding also makes the logits, so it takes the output layer's scale.
+            std = self.args.dim**-0.5 if self.args.tie_embeddings else 1.0
+            nn.init.normal_(self.tok_embeddings.weight, std=std)
         for block in self.layers.values():
             if block is not None:
                 block.init_weights()
@@ -182,8 +219,10 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens_BT) if self.tok_embeddings is not None else tokens_BT
         for block in self.layers.values():
             h = block(h, self.rope_cache)
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.norm is None:  # a pipeline stage before the last
+            return h
+        h = self.norm(h)
+        return F.linear(h, self.tok_embeddings.weight) if self.args.tie_embeddings else self.output(h)
 
 
 def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:
@@ -194,5 +233,8 @@ def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:
 
 
 def flops_per_token(model: nn.Module, args: ModelArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters plus causal-free attention scores (12·L·H·d·T)."""
-    return 6 * num_params(model, exclude_embedding=True) + 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    """Training FLOPs per token: 6 x non-embedding parameters (the output matmul counted when it is tied to the
+    embedding) plus causal-free attention scores (12·L·H·d·T)."""
+    output = args.vocab_size * args.dim if args.tie_embeddings else 0
+    attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
+    return 6 * (num_params(model, exclude_embedding=True) + output) + attention

@@ -74,6 +74,10 @@ def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
 
 
 def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    if model.args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
+        # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
+        raise ValueError("tied embeddings (model.tie_embeddings, Llama 3.2 1B/3B) train with FSDP/HSDP and context "
+                         "parallel; drop tensor/pipeline parallel or pass --model.tie_embeddings untied")
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
         args = model.args

@@ -32,7 +32,7 @@ def test_gqa_heads_must_divide():
 
 def test_rope_31_scaling_keeps_high_and_divides_low_frequencies():
     args = ModelArgs(dim=128, n_heads=1)
-    plain = rope_frequencies(dataclasses.replace(args, rope_scaling=False))
+    plain = rope_frequencies(dataclasses.replace(args, rope_scaling="none"))
     scaled = rope_frequencies(args)
     wavelen = 2 * math.pi / plain
     assert torch.equal(scaled[wavelen < 8192 / 4], plain[wavelen < 8192 / 4])
