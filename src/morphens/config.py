@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
-
-import tomli
+from typing import Literal
 
 from morphens.arch import Generator
 from morphens.data import DATASETS
-from titan.config.manager import check_toml_value, describe_type, field_docs, from_string
+from titan.config.manager import ConfigManager
 
 
 @dataclass
@@ -161,68 +155,14 @@ class RunConfig:
     run: Run = field(default_factory=Run)
 
 
-def _sections() -> dict[str, type]:
-    hints = typing.get_type_hints(RunConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)}
-
-
-def _convert(tp: Any, value: Any, from_cli: bool) -> Any:
-    """titan's typed conversion, plus lists of tables (ensemble members), which only a file can give."""
-    origin = typing.get_origin(tp)
-    if origin is list and typing.get_args(tp)[0] is dict:
-        if from_cli:
-            raise ValueError("a list of tables, set in the TOML file")
-        if not isinstance(value, list):
-            raise ValueError("a list of tables")
-        return value
-    try:
-        return from_string(tp, value) if from_cli else check_toml_value(tp, value)
-    except (ValueError, TypeError):
-        raise ValueError(describe_type(tp)) from None
+RUN_CONFIG = ConfigManager(RunConfig, "python -m morphens.run [--config PATH.toml|.json] [--section.key VALUE ...]")
 
 
 def load_config(path: str = "", overrides: list[tuple[str, str]] = ()) -> RunConfig:
     """Defaults <- file at `path` (TOML, or JSON when it ends in .json; same sections) <- overrides
-    `[("section.key", "value"), ...]`; a ValueError names the key."""
-    values: dict[str, dict[str, Any]] = {}
-    toml: dict[str, Any] = {}
-    if path:
-        if not Path(path).is_file():
-            raise ValueError(f"config file {path} does not exist")
-        json_file = path.endswith(".json")
-        try:
-            toml = (json.loads if json_file else tomli.loads)(Path(path).read_text())
-        except (tomli.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"config file {path} is not valid {'JSON' if json_file else 'TOML'}: {e}") from None
-    sections = _sections()
-    items = [(f"{s}.{k}", v, False) for s, table in toml.items() for k, v in (table.items() if isinstance(
-        table, dict) else [("", table)])] + [(name, v, True) for name, v in overrides]
-    for name, value, from_cli in items:
-        section, _, key = name.partition(".")
-        if section not in sections:
-            raise ValueError(f"unknown config section {section!r}; known: {', '.join(sections)}")
-        hints = typing.get_type_hints(sections[section])
-        if key not in hints:
-            raise ValueError(f"unknown key {name}; keys of [{section}]: {', '.join(hints)}")
-        try:
-            values.setdefault(section, {})[key] = _convert(hints[key], value, from_cli)
-        except ValueError as e:
-            raise ValueError(f"{name} must be {e}, got {value!r}") from None
-    return RunConfig(**{name: cls(**values.get(name, {})) for name, cls in sections.items()})
+    `[("section.key", "value"), ...]`; a ConfigError names the key."""
+    return RUN_CONFIG.load(path, overrides)
 
 
-def help_text() -> str:
-    """Every `--section.key` with its type, default and docstring."""
-    lines = []
-    for section, cls in _sections().items():
-        lines.append(f"\n[{section}]")
-        hints, docs = typing.get_type_hints(cls), field_docs(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            tp = getattr(hints[f.name], "__name__", str(hints[f.name]))
-            lines.append(f"  --{section}.{f.name} ({tp}, default {default!r})\n      {docs.get(f.name, '')}")
-    return "\n".join(lines)
-
-
-def to_dict(config: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+help_text = RUN_CONFIG.help_text
+to_dict = RUN_CONFIG.to_dict

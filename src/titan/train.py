@@ -10,7 +10,6 @@ from titan.components.nonfinite import NonFiniteLossError
 from titan.config import ConfigError, help_text, parse_args
 from titan.distributed.runtime import shutdown
 from titan.estimate.dry_run import main as estimate_main
-from titan.estimate.dry_run import split_args
 from titan.trainer import Trainer
 
 USER_ERRORS = (ConfigError, CheckpointError, ValueError, FileNotFoundError, NonFiniteLossError)
@@ -21,8 +20,8 @@ def main(argv: list[str]) -> int:
         print(help_text())
         return 0
     try:
-        rest, _ = split_args(argv)
-        job_config = parse_args(rest)
+        # --estimate.* options belong to the dry run that comm.mode = "fake" hands the command line to.
+        job_config = parse_args(argv, passthrough=("estimate",))
         if job_config.comm.mode == "fake":
             # A dry run: the same parallelize code on a fake process group of the target size, no training.
             return estimate_main(argv)

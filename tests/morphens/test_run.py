@@ -34,7 +34,7 @@ def run_cli(capsys, *args):
     [
         (["--training.epochs", "many"], "error: training.epochs must be a number, got 'many'"),
         (["--training.engine", "jax"], "error: training.engine must be one of 'titan', 'local', got 'jax'"),
-        (["--optimizer.lr", "1"], "error: unknown config section 'optimizer'"),
+        (["--optimizer.lr", "1"], "error: unknown config section [optimizer]"),
         (["--training.learning_rate", "1"], "error: unknown key training.learning_rate"),
         (["--ensemble.size", "0"], "error: ensemble.size must be >= 1"),
         (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),

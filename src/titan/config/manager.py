@@ -1,20 +1,25 @@
-"""Builds a JobConfig from defaults, a TOML file and `--section.key value` overrides, in that order."""
+"""Typed configs from defaults, a file and `--section.key value` overrides, in that order, for any root
+dataclass whose fields are section dataclasses (titan's JobConfig, morphens' RunConfig, the estimator's options).
+"""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import json
 import textwrap
 import typing
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import cache, cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import tomli
 
-from titan.config.job_config import JobConfig
-from titan.config.torchtitan import translate
+C = TypeVar("C")
+# (dotted name, value, from_cli) -> the (section.key, value) pairs to set: spelling translations of a tool.
+Translate = Callable[[str, Any, bool], list[tuple[str, Any]]]
 
 
 class ConfigError(ValueError):
@@ -39,12 +44,13 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _sections() -> dict[str, type]:
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+def _is_table_list(tp: Any) -> bool:
+    return typing.get_origin(tp) is list and typing.get_args(tp)[0] is dict
 
 
 def describe_type(tp: Any) -> str:
+    if _is_table_list(tp):
+        return "a list of tables, set in the config file"
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
@@ -69,6 +75,8 @@ def _parse_scalar(tp: Any, raw: str) -> Any:
 
 def from_string(tp: Any, raw: str) -> Any:
     """Converts a command-line string to the field's type."""
+    if _is_table_list(tp):
+        raise ValueError("a list of tables comes from the config file")
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -94,42 +102,16 @@ def check_toml_value(tp: Any, value: Any) -> Any:
         (elem,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ValueError
+        if elem is dict:
+            if not all(isinstance(v, dict) for v in value):
+                raise ValueError
+            return value
         return [check_toml_value(elem, v) for v in value]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if type(value) is not tp:
         raise ValueError
     return value
-
-
-def _assign(values: dict[str, dict[str, Any]], section: str, key: str, value: Any, from_cli: bool) -> None:
-    sections = _sections()
-    if section not in sections:
-        raise ConfigError(f"unknown config section [{section}]; known sections: {', '.join(sections)}")
-    hints = typing.get_type_hints(sections[section])
-    if key not in hints:
-        raise ConfigError(
-            f"unknown key {section}.{key}; keys of [{section}]: {', '.join(hints)} (see --help)"
-        )
-    tp = hints[key]
-    try:
-        converted = from_string(tp, value) if from_cli else check_toml_value(tp, value)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{section}.{key} must be {describe_type(tp)}, got {value!r}") from None
-    values.setdefault(section, {})[key] = converted
-
-
-def _assign_name(values: dict[str, dict[str, Any]], name: str, value: Any, from_cli: bool) -> None:
-    """Sets `section.key[.sub]`, in our spelling or TorchTitan's (see titan.config.torchtitan)."""
-    try:
-        pairs = translate(name, value, from_cli)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    for target, converted in pairs:
-        section, dot, key = target.partition(".")
-        if not dot:
-            raise ConfigError(f"option --{name} must look like --section.key (see --help)")
-        _assign(values, section, key, converted, from_cli)
 
 
 def _flatten(table: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
@@ -139,47 +121,6 @@ def _flatten(table: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
         name = f"{prefix}.{key}"
         out.extend(_flatten(value, name) if isinstance(value, dict) else [(name, value)])
     return out
-
-
-def _read_toml(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass --config with a path to a .toml file")
-    try:
-        with p.open("rb") as f:
-            return tomli.load(f)
-    except tomli.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not UTF-8 text") from None
-
-
-def build_job_config(values: dict[str, dict[str, Any]]) -> JobConfig:
-    """Instantiates every section, turning validation errors into ConfigError."""
-    kwargs = {}
-    for name, cls in _sections().items():
-        try:
-            kwargs[name] = cls(**values.get(name, {}))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    return JobConfig(**kwargs)
-
-
-def help_text() -> str:
-    lines = [
-        "usage: python -m titan.train [--config PATH.toml] [--section.key VALUE ...]",
-        "",
-        "Values come from the defaults, then the TOML file, then command-line overrides.",
-    ]
-    for section, cls in _sections().items():
-        lines.append(f"\n[{section}]")
-        docs = field_docs(cls)
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"  --{section}.{f.name} ({describe_type(hints[f.name])}, default {default!r})")
-            lines.append(f"      {docs.get(f.name, '')}")
-    return "\n".join(lines)
 
 
 def split_cli(argv: list[str]) -> tuple[str, list[tuple[str, str]]]:
@@ -206,40 +147,129 @@ def split_cli(argv: list[str]) -> tuple[str, list[tuple[str, str]]]:
     return config_path, overrides
 
 
-def parse_args(argv: list[str] | None = None) -> JobConfig:
-    """Parses `[--config PATH] [--section.key value | --section.key=value | --bool.flag]...`."""
-    config_path, overrides = split_cli(list(argv or []))
-    values: dict[str, dict[str, Any]] = {}
-    if config_path:
-        for section, table in _read_toml(config_path).items():
-            if not isinstance(table, dict):
-                raise ConfigError(f"{config_path}: top-level key {section!r} must be a [section] table")
-            for name, value in _flatten(table, section):
-                _assign_name(values, name, value, from_cli=False)
-    for name, raw in overrides:
-        _assign_name(values, name, raw, from_cli=True)
-    return build_job_config(values)
+class ConfigManager(Generic[C]):
+    """Reads one root config class: `parse_args(argv)` or `load(path, overrides)`; `help_text()`; `to_toml()`.
 
+    A user mistake (unknown section or key, wrong type, a value its section's checks refuse, a missing or
+    malformed file) raises ConfigError with one line that names the key and what is allowed.
+    """
 
-def to_dict(config: JobConfig) -> dict[str, dict[str, Any]]:
-    return dataclasses.asdict(config)
+    def __init__(self, root: type[C], usage: str, translate: Translate | None = None):
+        self.root = root
+        self.usage = usage
+        self.translate = translate
 
+    @cached_property
+    def sections(self) -> dict[str, type]:
+        hints = typing.get_type_hints(self.root)
+        return {f.name: hints[f.name] for f in dataclasses.fields(self.root)}
 
-def to_toml(config: JobConfig) -> str:
-    """Serializes a JobConfig as TOML that parse_args reads back to an equal config."""
+    def _assign(self, values: dict[str, dict[str, Any]], section: str, key: str, value: Any, from_cli: bool) -> None:
+        if section not in self.sections:
+            raise ConfigError(f"unknown config section [{section}]; known sections: {', '.join(self.sections)}")
+        hints = typing.get_type_hints(self.sections[section])
+        if key not in hints:
+            raise ConfigError(f"unknown key {section}.{key}; keys of [{section}]: {', '.join(hints)} (see --help)")
+        tp = hints[key]
+        try:
+            converted = from_string(tp, value) if from_cli else check_toml_value(tp, value)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{section}.{key} must be {describe_type(tp)}, got {value!r}") from None
+        values.setdefault(section, {})[key] = converted
 
-    def fmt(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(fmt(x) for x in v) + "]"
-        return repr(v)
+    def assign(self, values: dict[str, dict[str, Any]], name: str, value: Any, from_cli: bool) -> None:
+        """Sets `section.key` (a file's subtables give `section.key.sub`, which only a translation can take)."""
+        try:
+            pairs = self.translate(name, value, from_cli) if self.translate else [(name, value)]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for target, converted in pairs:
+            section, dot, key = target.partition(".")
+            if not dot:
+                raise ConfigError(f"option --{name} must look like --section.key (see --help)")
+            self._assign(values, section, key, converted, from_cli)
 
-    out = []
-    for section, table in to_dict(config).items():
-        out.append(f"[{section}]")
-        out.extend(f"{k} = {fmt(v)}" for k, v in table.items())
-        out.append("")
-    return "\n".join(out)
+    @staticmethod
+    def read_file(path: str) -> dict[str, Any]:
+        """A TOML file, or JSON when the name ends in .json (same sections)."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass --config with a path to a .toml file")
+        is_json = p.suffix == ".json"
+        try:
+            if is_json:
+                return json.loads(p.read_text())
+            with p.open("rb") as f:
+                return tomli.load(f)
+        except (tomli.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config file {path} is not valid {'JSON' if is_json else 'TOML'}: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text") from None
+
+    def build(self, values: dict[str, dict[str, Any]]) -> C:
+        """Instantiates every section, turning its validation errors into ConfigError."""
+        kwargs = {}
+        for name, cls in self.sections.items():
+            try:
+                kwargs[name] = cls(**values.get(name, {}))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        return self.root(**kwargs)
+
+    def load(self, path: str = "", overrides: Sequence[tuple[str, Any]] = (), passthrough: Sequence[str] = ()) -> C:
+        """Defaults <- the file at `path` <- `[("section.key", "raw value"), ...]`; overrides of the sections in
+        `passthrough` are left out (they are another tool's options on the same command line)."""
+        values: dict[str, dict[str, Any]] = {}
+        if path:
+            for section, table in self.read_file(path).items():
+                if not isinstance(table, dict):
+                    raise ConfigError(f"{path}: top-level key {section!r} must be a [section] table")
+                for name, value in _flatten(table, section):
+                    self.assign(values, name, value, from_cli=False)
+        for name, raw in overrides:
+            if name.partition(".")[0] not in passthrough:
+                self.assign(values, name, raw, from_cli=True)
+        return self.build(values)
+
+    def parse_args(self, argv: Sequence[str] | None = None, passthrough: Sequence[str] = ()) -> C:
+        """Parses `[--config PATH] [--section.key value | --section.key=value | --bool.flag]...`."""
+        config_path, overrides = split_cli(list(argv or []))
+        return self.load(config_path, overrides, passthrough)
+
+    def help_text(self) -> str:
+        """Every `--section.key` with its type, default and docstring."""
+        lines = [f"usage: {self.usage}", "",
+                 "Values come from the defaults, then the config file, then command-line overrides."]
+        for section, cls in self.sections.items():
+            lines.append(f"\n[{section}]")
+            docs, hints = field_docs(cls), typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                lines.append(f"  --{section}.{f.name} ({describe_type(hints[f.name])}, default {default!r})")
+                lines.append(f"      {docs.get(f.name, '')}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def to_dict(config: C) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(config)
+
+    def to_toml(self, config: C) -> str:
+        """Serializes a config as TOML that `parse_args` reads back to an equal config."""
+
+        def fmt(v: Any) -> str:
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            if isinstance(v, str):
+                return json.dumps(v)
+            if isinstance(v, list):
+                return "[" + ", ".join(fmt(x) for x in v) + "]"
+            if isinstance(v, dict):
+                return "{" + ", ".join(f"{json.dumps(k)} = {fmt(x)}" for k, x in v.items()) + "}"
+            return repr(v)
+
+        out = []
+        for section, table in self.to_dict(config).items():
+            out.append(f"[{section}]")
+            out.extend(f"{k} = {fmt(v)}" for k, v in table.items())
+            out.append("")
+        return "\n".join(out)

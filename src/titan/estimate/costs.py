@@ -8,6 +8,7 @@ collective times by the ring formulas over the slower of NVLink and the network 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from titan.config.dtypes import TORCH_DTYPES
@@ -46,6 +47,14 @@ class Hardware:
     """Fixed cost per collective call."""
     memory_gib: float = 80.0
     """Device memory per GPU; a plan above it is flagged."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("gpu", "peak_tflops") and value <= 0:
+                raise ValueError(f"estimate.{f.name} must be > 0, got {value}")
+        if self.peak_tflops < 0:
+            raise ValueError(f"estimate.peak_tflops must be >= 0 (0 = from gpu), got {self.peak_tflops}")
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import typing
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +21,7 @@ import torch
 from titan.builders import resolve_model_args as trainer_resolve_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
 from titan.config import ConfigError, parse_args
-from titan.config.manager import describe_type, field_docs, from_string, split_cli
+from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
@@ -29,25 +29,23 @@ from titan.estimate.layout import dry_run_rank, stage_ranges
 from titan.models import get_model_spec
 
 
+@dataclass
+class EstimateOptions:
+    """The dry run's own options beside a training config (command line: --estimate.KEY VALUE)."""
+
+    estimate: Hardware = field(default_factory=Hardware)
+
+
+ESTIMATE_OPTIONS = ConfigManager(EstimateOptions, "python -m titan.estimate --config PATH.toml [--estimate.KEY V]")
+
+
 def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
     """Takes the `--estimate.KEY VALUE` options out of argv; the rest is a training config."""
     config_path, options = split_cli(argv)
-    hints = typing.get_type_hints(Hardware)
-    values, rest = {}, ["--config", config_path] if config_path else []
-    for name, raw in options:
-        if not name.startswith("estimate."):
-            rest.append(f"--{name}={raw}")
-            continue
-        key = name[len("estimate."):]
-        if key not in hints:
-            raise ConfigError(f"unknown key estimate.{key}; keys of [estimate]: {', '.join(hints)}")
-        try:
-            values[key] = from_string(hints[key], raw)
-        except ValueError:
-            raise ConfigError(f"estimate.{key} must be {describe_type(hints[key])}, got {raw!r}") from None
-        if hints[key] is not str and values[key] <= 0 and key != "peak_tflops":
-            raise ConfigError(f"estimate.{key} must be > 0, got {raw}")
-    return rest, Hardware(**values)
+    ours = [(name, raw) for name, raw in options if name.startswith("estimate.")]
+    rest = (["--config", config_path] if config_path else []) + [
+        f"--{name}={raw}" for name, raw in options if not name.startswith("estimate.")]
+    return rest, ESTIMATE_OPTIONS.load("", ours).estimate
 
 
 def resolve_model_args(spec, job_config):
