@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from titan.components.metrics import throughput
-from titan.components.metrics.logger import MetricsLogger
 
 
 @pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
@@ -44,21 +43,3 @@ def test_peak_memory_is_the_process_rss():
     blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
     assert throughput.peak_memory_gib(torch.device("cpu")) >= before
     assert throughput.peak_memory_gib(torch.device("cpu")) > blob.numel() * 4 / 2**30
-
-
-def test_metrics_logger_appends_jsonl_lines(tmp_path):
-    record = {"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "tps": 10.0, "tflops": 0.1, "mfu": None,
-              "memory_gib": 1.0, "elapsed_s": 0.5}
-    for _ in range(2):
-        sink = MetricsLogger(str(tmp_path), enable_jsonl=True, enable_tensorboard=False, rank=0)
-        sink.log(record, eta_s=3.0)
-        sink.close()
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line) for line in lines] == [record, record]
-
-
-def test_only_rank_zero_writes(tmp_path):
-    sink = MetricsLogger(str(tmp_path / "r1"), enable_jsonl=True, enable_tensorboard=True, rank=1)
-    sink.log({"step": 1}, eta_s=0)
-    sink.close()
-    assert not (tmp_path / "r1").exists()
