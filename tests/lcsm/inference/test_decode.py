@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.decode import fold_norm, ring_window, rms_scale
+from lcsm.inference.decode import fold_norm, ring_window, rms_scale
 
 
 def test_folded_norm_then_projection_equals_the_modules():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lcsm.model import HyenaArgs, HyenaLM, flops_per_token, num_params
+from lcsm.model.hyena import HyenaArgs, HyenaLM, flops_per_token, num_params
 
 ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
 

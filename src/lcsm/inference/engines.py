@@ -9,7 +9,7 @@ tensor ops vectorized over batch and channels.
 - lazy:      z_t as one dot product over the whole history: O(t) per step.
 - eager:     y_t's contribution to every future output at once: O(L - t) per step.
 - recompute: an FFT convolution of the whole prefix each step: O(t log t) per step.
-- flash:     Flash Inference tiling (see lcsm.tiles): O(L log^2 L) in all, with one tau call per tile for all slots.
+- flash:     Flash Inference tiling (lcsm.inference.tiles): O(L log^2 L) in all, one tau call per tile for all slots.
 """
 
 import abc
@@ -17,9 +17,9 @@ import abc
 import torch
 import torch.nn.functional as F
 
-from lcsm.fftconv import fft_causal_conv, next_pow2
-from lcsm.tau import Tau, build_tau
-from lcsm.tiles import flash_tile
+from lcsm.inference.tau import Tau, build_tau
+from lcsm.inference.tiles import flash_tile
+from lcsm.model.fftconv import fft_causal_conv, next_pow2
 
 
 class OnlineConv(abc.ABC):

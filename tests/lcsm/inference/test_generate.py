@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from lcsm.generate import generate, main
-from lcsm.model import HyenaArgs, HyenaLM
+from lcsm.inference.generate import generate, main
+from lcsm.model.hyena import HyenaArgs, HyenaLM
 
 ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=64, max_seq_len=40, filter_emb_dim=5, filter_hidden=8)
 

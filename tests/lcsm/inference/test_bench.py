@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lcsm.bench import main
+from lcsm.inference.bench import main
 
 
 def test_bench_writes_records_and_plot(tmp_path, capsys):

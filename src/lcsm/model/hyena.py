@@ -1,4 +1,4 @@
-"""Hyena language model: single-device PyTorch, parallelized from outside (see lcsm.hyena).
+"""Hyena language model: single-device PyTorch, parallelized from outside (see lcsm.model.spec).
 
 Channel-major layouts (in_proj output [d, p], filter channels [d, n]) keep every channel's projections and filters
 together, so a contiguous tensor-parallel shard of the channels is a self-contained slice of the mixer.
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lcsm.decode import BlockWeights, DecodeState, fold_norm, ring_window
-from lcsm.engines import build_engine
-from lcsm.fftconv import fft_causal_conv
+from lcsm.inference.decode import BlockWeights, DecodeState, fold_norm, ring_window
+from lcsm.inference.engines import build_engine
+from lcsm.model.fftconv import fft_causal_conv
 
 
 @dataclass
@@ -230,7 +230,7 @@ class HyenaLM(nn.Module):
 
     @torch.no_grad()
     def new_decode_state(self, engine: str, batch: int, **flash_options) -> DecodeState:
-        """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.engines)."""
+        """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines)."""
         rho = self.inference_filters()
         channels, kernel = (self.args.order + 1) * self.args.dim, self.args.short_kernel
         # Zero rings are the causal conv's left padding, so decoding may also start without a prefill.
@@ -251,7 +251,7 @@ class HyenaLM(nn.Module):
     @torch.inference_mode()  # cheaper per op than no_grad; the state's tensors are only ever updated in place
     def step(self, token_B: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Consumes one token per sequence (B,) and returns the next-token logits (B, vocab): the parallel forward's
-        arithmetic (up to rounding) in the few-op layout of lcsm.decode."""
+        arithmetic (up to rounding) in the few-op layout of lcsm.inference.decode."""
         return state.step(self.tok_embeddings(token_B))
 
 

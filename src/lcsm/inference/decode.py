@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.engines import OnlineConv
+from lcsm.inference.engines import OnlineConv
 
 
 def rms_scale(x_BD: torch.Tensor, D_eps: float) -> torch.Tensor:

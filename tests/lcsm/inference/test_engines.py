@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lcsm.engines import ENGINES, build_engine
-from lcsm.fftconv import fft_causal_conv
+from lcsm.inference.engines import ENGINES, build_engine
+from lcsm.model.fftconv import fft_causal_conv
 
 CONFIGS = [
     ("lazy", {}),

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lcsm.fftconv import next_pow2
+from lcsm.model.fftconv import next_pow2
 
 
 def filter_lags(rho_RL: torch.Tensor, n: int) -> torch.Tensor:
@@ -103,7 +103,7 @@ class TritonTau(Tau):
         self.prepared[U] = self.rho_pad  # the kernel reads the lags in place
 
     def __call__(self, y_RBU):
-        from lcsm.tau_triton import toeplitz_tile
+        from lcsm.inference.tau_triton import toeplitz_tile
 
         return toeplitz_tile(y_RBU.contiguous(), self.rho_pad)
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from lcsm.tau import TAUS, build_tau, triton_available
+from lcsm.inference.tau import TAUS, build_tau, triton_available
 
 
 def brute_force_tile(y_RBU, rho_RL):
@@ -32,7 +32,7 @@ def test_tau_matches_brute_force(name, U):
 
 TRITON_CHECK = """
 import torch
-from lcsm.tau import build_tau
+from lcsm.inference.tau import build_tau
 gen = torch.Generator().manual_seed(0)
 rho = torch.randn(2, 40, generator=gen)
 fft, triton_tau = build_tau("fft", rho), build_tau("triton", rho)
