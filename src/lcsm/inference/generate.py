@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from lcsm.inference.decode import new_decode_state
 from lcsm.inference.engines import ENGINES
 from lcsm.inference.tau import TAUS
 from lcsm.model.hyena import HyenaLM
@@ -32,8 +33,8 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
             f"prompt ({P}) + max_new_tokens ({max_new_tokens}) needs {P + max_new_tokens - 1} positions but the "
             f"filters cover max_seq_len = {model.args.max_seq_len}; shorten the prompt or generate fewer tokens"
         )
-    state = model.new_decode_state(engine, B, **flash_options)
-    logits = model.prefill(prompt_BP, state)[:, -1]
+    state = new_decode_state(model, engine, B, **flash_options)
+    logits = state.prefill(prompt_BP)[:, -1]
     new = []
     for i in range(max_new_tokens):
         if temperature > 0:
@@ -43,7 +44,7 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
             token = logits.argmax(-1)
         new.append(token)
         if i < max_new_tokens - 1:
-            logits = model.step(token, state)
+            logits = state.step(token)
     return torch.cat([prompt_BP, torch.stack(new, 1)], 1)
 
 
