@@ -17,8 +17,9 @@ import abc
 import torch
 import torch.nn.functional as F
 
+from lcsm.inference import autotune
 from lcsm.inference.tau import Tau, build_tau
-from lcsm.inference.tiles import flash_tile
+from lcsm.inference.tiles import lowbit
 from lcsm.model.fftconv import fft_causal_conv, next_pow2
 
 
@@ -34,6 +35,7 @@ class OnlineConv(abc.ABC):
         self.G, self.D, self.L = rho_GDL.shape
         self.B = batch
         self.pos = 0  # positions fully stepped by every slot
+        self.step_shape, self.dtype, self.device = torch.Size((batch, self.D)), rho_GDL.dtype, rho_GDL.device
 
     def _buffer(self) -> torch.Tensor:
         return self.rho_GDL.new_zeros(self.G, self.D, self.B, self.L)
@@ -65,20 +67,22 @@ class OnlineConv(abc.ABC):
 
     def step(self, y_BD: torch.Tensor, slot: int = 0) -> torch.Tensor:
         """Consumes y_t (B, D) for one slot and returns z_t (B, D)."""
-        if y_BD.dtype != self.rho_GDL.dtype or y_BD.device != self.rho_GDL.device:
-            self._check(y_BD, (self.B, self.D), slot)
+        # Checked on every call (a few hundred ns): a wrong shape would broadcast, a wrong slot corrupt silently.
+        if (y_BD.shape != self.step_shape or not 0 <= slot < self.G or y_BD.dtype != self.dtype
+                or y_BD.device != self.device):
+            self._check(y_BD, tuple(self.step_shape), slot)
         if self.pos >= self.L:
             raise ValueError(f"all {self.L} positions are used; build the engine with a longer filter")
-        z_DB = self._step(y_BD.T, slot, self.pos)
+        z_BD = self._step(y_BD, slot, self.pos)
         if slot == self.G - 1:
             self.pos += 1
-        return z_DB.T
+        return z_BD
 
     @abc.abstractmethod
     def _prefill_state(self, y_DBP: torch.Tensor, slot: int) -> None: ...
 
     @abc.abstractmethod
-    def _step(self, y_DB: torch.Tensor, slot: int, t: int) -> torch.Tensor: ...
+    def _step(self, y_BD: torch.Tensor, slot: int, t: int) -> torch.Tensor: ...
 
 
 class LazyConv(OnlineConv):
@@ -92,10 +96,10 @@ class LazyConv(OnlineConv):
     def _prefill_state(self, y_DBP, slot):
         self.y[slot][..., : y_DBP.shape[-1]] = y_DBP
 
-    def _step(self, y_DB, slot, t):
+    def _step(self, y_BD, slot, t):
         y = self.y[slot]
-        y[..., t] = y_DB
-        return torch.linalg.vecdot(y[..., : t + 1], self.rho_rev[slot][..., self.L - 1 - t :])
+        y[..., t] = y_BD.T
+        return torch.linalg.vecdot(y[..., : t + 1], self.rho_rev[slot][..., self.L - 1 - t :]).T
 
 
 class EagerConv(OnlineConv):
@@ -111,10 +115,10 @@ class EagerConv(OnlineConv):
         z_all = fft_causal_conv(F.pad(y_DBP, (0, self.L - P)), self.rho[slot])
         self.acc[slot][..., P:] = z_all[..., P:]
 
-    def _step(self, y_DB, slot, t):
+    def _step(self, y_BD, slot, t):
         acc = self.acc[slot]
-        acc[..., t:].addcmul_(y_DB.unsqueeze(-1), self.rho[slot][..., : self.L - t])
-        return acc[..., t].clone()
+        acc[..., t:].addcmul_(y_BD.T.unsqueeze(-1), self.rho[slot][..., : self.L - t])
+        return acc[..., t].T.clone()
 
 
 class RecomputeConv(OnlineConv):
@@ -130,82 +134,116 @@ class RecomputeConv(OnlineConv):
     def _prefill_state(self, y_DBP, slot):
         self.y[slot][..., : y_DBP.shape[-1]] = y_DBP
 
-    def _step(self, y_DB, slot, t):
+    def _step(self, y_BD, slot, t):
         y = self.y[slot]
-        y[..., t] = y_DB
+        y[..., t] = y_BD.T
         n = next_pow2(t + 1)
-        return torch.fft.irfft(torch.fft.rfft(y[..., : t + 1], n=n) * self.spectra[n][slot], n=n)[..., t]
+        return torch.fft.irfft(torch.fft.rfft(y[..., : t + 1], n=n) * self.spectra[n][slot], n=n)[..., t].T
 
 
 class FlashConv(OnlineConv):
-    """Flash Inference. Tiles of size >= block go through tau; the pairs inside one b-aligned block are summed by the
-    sequential part of each step, which merges the many tiny tiles into one small dot product per step.
+    """Flash Inference. Tiles of size >= block go through tau; the pairs inside one b-aligned block are summed by
+    each step eagerly: y_t's contribution to the rest of its block is one multiply-add into the block's partial
+    sums, so a step is three small tensor ops on views made once.
 
-    With batch_layers, the tile after each position runs once for all slots (they share the tile size); otherwise
-    each slot launches its own.
+    batch_layers: True runs each tile once for all slots (they share the tile size), False once per slot, None
+    (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
+    less overhead, G calls keep the working set of a long tile in cache.
     """
 
     name = "flash"
 
-    def __init__(self, rho_GDL, batch, tau: str = "hybrid", block: int = 16, batch_layers: bool = True):
+    def __init__(self, rho_GDL, batch, tau: str = "hybrid", block: int = 16, batch_layers: bool | None = None):
         super().__init__(rho_GDL, batch)
         if block < 1 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 1, got {block}")
-        self.block = block
         G, D, B, L = self.G, self.D, self.B, self.L
-        # y has b spare zero columns so that the last block's window is whole.
-        y, acc = rho_GDL.new_zeros(G, D, B, L + block), self._buffer()
-        self.y, self.acc = list(y.unbind(0)), list(acc.unbind(0))
-        # The sequential part dots the whole b-aligned block of inputs (those not written yet are zero) with the
-        # reversed filter at offset o = t mod b; the b windows per slot are views made once.
-        rho_rev = F.pad(rho_GDL.flip(-1), (0, block)).unsqueeze(-1)  # (G, D, L + b, 1)
-        self.rho_windows = [[r[:, L - 1 - o : L - 1 - o + block] for o in range(min(block, L))] for r in rho_rev]
-        self.y_window: list[torch.Tensor | None] = [None] * G
-        if batch_layers:
-            # (tau, input rows, output rows) launched after the last slot steps; rows are (slot, channel) pairs.
-            rows = (build_tau(tau, rho_GDL.reshape(G * D, L)), y.view(G * D, B, L + block), acc.view(G * D, B, L))
-            self.group_of_slot = [None] * (G - 1) + [rows]
-        else:
-            self.group_of_slot = [(build_tau(tau, rho_GDL[g]), self.y[g], self.acc[g]) for g in range(G)]
-        self.sizes = [U for U in (1 << k for k in range(max(L - 1, 1).bit_length())) if block <= U < L]
-        for group in self.group_of_slot:
-            if group is not None:
-                for U in self.sizes:
-                    group[0].prepare(U)
+        self.block = b = block
+        # The past, with rows (slot, channel) as tau takes them: inputs, and the tiles' sums for later outputs.
+        self.y_rows, self.acc_rows = rho_GDL.new_zeros(G * D, B, L), rho_GDL.new_zeros(G * D, B, L + b)
+        self.y_slot, self.acc_slot = self.y_rows.view(G, D, B, L), self.acc_rows.view(G, D, B, L + b)
+        # Each slot's current block, position-major: its inputs and the partial sums of its outputs.
+        self.Y, self.A = rho_GDL.new_zeros(G, b, B, D), rho_GDL.new_zeros(G, b, B, D)
+        rho_k = F.pad(rho_GDL[..., :b], (0, max(0, b - L))).transpose(1, 2).unsqueeze(2)  # (G, b, 1, D): lag k
+        self.rho0 = rho_k[:, 0]
+        self.Y_now, self.A_now = [y.unbind(0) for y in self.Y], [a.unbind(0) for a in self.A]
+        self.A_later = [[a[o + 1 :] for o in range(b)] for a in self.A]
+        self.rho_later = [[r[1 : b - o] for o in range(b)] for r in rho_k]
+        self.pending = [False] * G
+        """Slots whose block was begun by prefill: its tile sums are still to be added."""
+        self.sizes = [U for U in (1 << k for k in range(max(L - 1, 1).bit_length())) if b <= U < L]
+        self.tau = build_tau(tau, rho_GDL.reshape(G * D, L))
+        for U in self.sizes:
+            self.tau.prepare(U)
+        self.slot_taus = [self.tau.rows(g * D, (g + 1) * D) for g in range(G)]
+        self.batched = {U: (G == 1 or self._batching_wins(U)) if batch_layers is None else batch_layers
+                        for U in self.sizes}
+        """Tile size -> whether one tau call serves every slot (after the last slot's step)."""
 
-    def _tile(self, group: tuple[Tau, torch.Tensor, torch.Tensor], t: int, U: int, first_out: int) -> None:
+    def _batching_wins(self, U: int) -> bool:
+        y_all = self.y_rows[..., :U]
+        key = (f"flash tiles {y_all.device.type} {str(y_all.dtype)[6:]} G={self.G} D={self.D} B={self.B} U={U} "
+               f"tau={self.tau.name}")
+        candidates = {"batched": lambda: self.tau(y_all),
+                      "per_slot": lambda: [tau(y_all[g * self.D : (g + 1) * self.D])
+                                           for g, tau in enumerate(self.slot_taus)]}
+        return autotune.choose(y_all.device, key, candidates) == "batched"
+
+    def describe(self) -> dict[int, str]:
+        """Per tile size: the tau that ran it (hybrid's choice, once used) and whether it served every slot."""
+        out = {}
+        for U in self.sizes:
+            tau = self.tau if self.batched[U] else self.slot_taus[-1]
+            chosen = getattr(tau, "chosen", {}).get(U, tau)
+            out[U] = f"{chosen.name}, {'all slots' if self.batched[U] else 'per slot'}"
+        return out
+
+    def _tile(self, tau: Tau, y_RBL: torch.Tensor, acc_RBL: torch.Tensor, t: int, U: int, first_out: int) -> None:
         """Adds inputs t-U+1 .. t to outputs max(t+1, first_out) .. min(t+U, L-1)."""
-        tau, y_RBL, acc_RBL = group
         out_RBU = tau(y_RBL[..., t - U + 1 : t + 1])
         lo, hi = max(t + 1, first_out), min(t + U, self.L - 1)
         acc_RBL[..., lo : hi + 1] += out_RBU[..., lo - t - 1 : hi - t]
 
+    def _tiles_after(self, slot: int, t: int, U: int, first_out: int) -> None:
+        """The tile of size U launched after slot's step t: its own, or every slot's once the last one has stepped."""
+        if not self.batched[U]:
+            self._tile(self.slot_taus[slot], self.y_slot[slot], self.acc_slot[slot], t, U, first_out)
+        elif slot == self.G - 1:
+            self._tile(self.tau, self.y_rows, self.acc_rows, t, U, first_out)
+
     def _prefill_state(self, y_DBP, slot):
-        P = y_DBP.shape[-1]
-        self.y[slot][..., :P] = y_DBP
-        group = self.group_of_slot[slot]
-        if group is None:
-            return
+        P, b = y_DBP.shape[-1], self.block
+        self.y_slot[slot][..., :P] = y_DBP
         # Of the tiles launched before P, only the last one of each size can reach an output >= P.
         for U in self.sizes:
             odd_multiple = (P // U) - (1 - (P // U) % 2)
             t = odd_multiple * U - 1
             if odd_multiple > 0 and t + U >= P:
-                self._tile(group, t, U, first_out=P)
+                self._tiles_after(slot, t, U, first_out=P)
+        # The block holding P: its inputs so far, and their sums for its outputs from P on.
+        o, start = P % b, P - P % b
+        if o:
+            self.Y[slot, :o] = y_DBP[..., start:P].permute(2, 1, 0)
+            self.A[slot].zero_()
+            for j in range(start, P):  # lags P - j .. start + b - 1 - j; rho_later[slot][0] starts at lag 1
+                self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_later[slot][0][P - j - 1 : start + b - j - 1])
+            self.pending[slot] = True
 
-    def _step(self, y_DB, slot, t):
-        offset = t % self.block
-        if offset == 0 or self.y_window[slot] is None:
-            start = t - offset
-            self.y_window[slot] = self.y[slot][..., start : start + self.block]
-        window = self.y_window[slot]
-        window.select(2, offset).copy_(y_DB)
-        z_DB1 = torch.baddbmm(self.acc[slot][..., t : t + 1], window, self.rho_windows[slot][offset])
-        group = self.group_of_slot[slot]
-        U = flash_tile(t, self.block)
-        if group is not None and U and t + 1 < self.L:
-            self._tile(group, t, U, first_out=t + 1)
-        return z_DB1.squeeze(-1)
+    def _step(self, y_BD, slot, t):
+        b = self.block
+        o = t & (b - 1)
+        if o == 0 or self.pending[slot]:
+            block_sums = self.acc_slot[slot][..., t - o : t - o + b].permute(2, 1, 0)
+            self.A[slot].add_(block_sums) if self.pending[slot] else self.A[slot].copy_(block_sums)
+            self.pending[slot] = False
+        z_BD = torch.addcmul(self.A_now[slot][o], y_BD, self.rho0[slot])
+        if o < b - 1:
+            self.A_later[slot][o].addcmul_(y_BD, self.rho_later[slot][o])
+        self.Y_now[slot][o].copy_(y_BD)
+        if o == b - 1 and t + 1 < self.L:
+            self.y_slot[slot][..., t - o : t + 1] = self.Y[slot].permute(2, 1, 0)
+            self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
+        return z_BD
 
 
 ENGINES: dict[str, type[OnlineConv]] = {e.name: e for e in (LazyConv, EagerConv, RecomputeConv, FlashConv)}
