@@ -143,8 +143,8 @@ class RecomputeConv(OnlineConv):
 
 class FlashConv(OnlineConv):
     """Flash Inference. Tiles of size >= block go through tau; the pairs inside one b-aligned block are summed by
-    each step eagerly: y_t's contribution to the rest of its block is one multiply-add into the block's partial
-    sums, so a step is three small tensor ops on views made once.
+    each step eagerly: a step is two small tensor ops on views made once, its output and one multiply-add that
+    stores y_t and adds its contribution to the rest of its block.
 
     batch_layers: True runs each tile once for all slots (they share the tile size), False once per slot, None
     (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
@@ -162,13 +162,21 @@ class FlashConv(OnlineConv):
         # The past, with rows (slot, channel) as tau takes them: inputs, and the tiles' sums for later outputs.
         self.y_rows, self.acc_rows = rho_GDL.new_zeros(G * D, B, L), rho_GDL.new_zeros(G * D, B, L + b)
         self.y_slot, self.acc_slot = self.y_rows.view(G, D, B, L), self.acc_rows.view(G, D, B, L + b)
-        # Each slot's current block, position-major: its inputs and the partial sums of its outputs.
-        self.Y, self.A = rho_GDL.new_zeros(G, b, B, D), rho_GDL.new_zeros(G, b, B, D)
+        # Each slot's current block, position-major: the partial sums of its outputs A, then its inputs Y, in one
+        # buffer W = [A_0 .. A_{b-1}, Y_0 .. Y_{b-1}]. At offset o, W[o+1 : o+1+b] is A_{o+1} .. A_{b-1} (which
+        # y_o feeds through lags 1 .. b-1-o), Y_0 .. Y_{o-1} (weight 0) and Y_o (weight 1, from zero): one multiply-
+        # add per step both sums y_o into its block's later outputs and stores it.
+        self.W = rho_GDL.new_zeros(G, 2 * b, B, D)
+        self.A, self.Y = self.W[:, :b], self.W[:, b:]
         rho_k = F.pad(rho_GDL[..., :b], (0, max(0, b - L))).transpose(1, 2).unsqueeze(2)  # (G, b, 1, D): lag k
-        self.rho0 = rho_k[:, 0]
-        self.Y_now, self.A_now = [y.unbind(0) for y in self.Y], [a.unbind(0) for a in self.A]
-        self.A_later = [[a[o + 1 :] for o in range(b)] for a in self.A]
-        self.rho_later = [[r[1 : b - o] for o in range(b)] for r in rho_k]
+        self.rho0, self.rho_lags = rho_k[:, 0], rho_k[:, 1:]
+        weights = rho_GDL.new_zeros(G, b, b, 1, D)  # [g, o]: the weights of W[o+1 : o+1+b]
+        for o in range(b):
+            weights[:, o, : b - 1 - o] = rho_k[:, 1 : b - o]
+            weights[:, o, b - 1] = 1
+        self.W_later = [[w[o + 1 : o + 1 + b] for o in range(b)] for w in self.W]
+        self.weights = [w.unbind(0) for w in weights]
+        self.A_now = [a.unbind(0) for a in self.A]
         self.pending = [False] * G
         """Slots whose block was begun by prefill: its tile sums are still to be added."""
         self.sizes = [U for U in (1 << k for k in range(max(L - 1, 1).bit_length())) if b <= U < L]
@@ -225,8 +233,9 @@ class FlashConv(OnlineConv):
         if o:
             self.Y[slot, :o] = y_DBP[..., start:P].permute(2, 1, 0)
             self.A[slot].zero_()
-            for j in range(start, P):  # lags P - j .. start + b - 1 - j; rho_later[slot][0] starts at lag 1
-                self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_later[slot][0][P - j - 1 : start + b - j - 1])
+            self.Y[slot, o:].zero_()
+            for j in range(start, P):  # lags P - j .. start + b - 1 - j; rho_lags starts at lag 1
+                self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_lags[slot][P - j - 1 : start + b - j - 1])
             self.pending[slot] = True
 
     def _step(self, y_BD, slot, t):
@@ -234,12 +243,14 @@ class FlashConv(OnlineConv):
         o = t & (b - 1)
         if o == 0 or self.pending[slot]:
             block_sums = self.acc_slot[slot][..., t - o : t - o + b].permute(2, 1, 0)
-            self.A[slot].add_(block_sums) if self.pending[slot] else self.A[slot].copy_(block_sums)
+            if self.pending[slot]:
+                self.A[slot].add_(block_sums)
+            else:
+                self.A[slot].copy_(block_sums)
+                self.Y[slot].zero_()
             self.pending[slot] = False
         z_BD = torch.addcmul(self.A_now[slot][o], y_BD, self.rho0[slot])
-        if o < b - 1:
-            self.A_later[slot][o].addcmul_(y_BD, self.rho_later[slot][o])
-        self.Y_now[slot][o].copy_(y_BD)
+        self.W_later[slot][o].addcmul_(y_BD, self.weights[slot][o])
         if o == b - 1 and t + 1 < self.L:
             self.y_slot[slot][..., t - o : t + 1] = self.Y[slot].permute(2, 1, 0)
             self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
