@@ -1,5 +1,8 @@
 """lcsm: Hyena long-convolution language models and Flash Inference, exact online convolution in O(L log^2 L).
 
-Modules: model (Hyena LM), hyena (the titan ModelSpec), engines (lazy / eager / recompute / flash), tiles (the
-schedules), tau (tile implementations), relaxed (data-dependent filters), generate and bench (entry points).
+- lcsm.model: the Hyena LM (training path, FFT long convolutions) and its titan ModelSpec;
+- lcsm.inference: online convolution engines (lazy / eager / recompute / flash), tile schedules and tau kernels,
+  data-dependent filters, the per-token decode step, generation and the benchmark.
+The public paths `python -m lcsm.bench`, `python -m lcsm.generate` and `model.spec = "lcsm.hyena"` are the
+three small modules at this level.
 """

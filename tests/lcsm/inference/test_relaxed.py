@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lcsm.fftconv import fft_causal_conv
-from lcsm.relaxed import RelaxedConv
+from lcsm.inference.relaxed import RelaxedConv
+from lcsm.model.fftconv import fft_causal_conv
 
 
 @pytest.mark.parametrize("L,P", [(1, 0), (2, 0), (13, 0), (32, 0), (45, 1), (45, 2), (45, 17), (64, 32), (33, 33)])

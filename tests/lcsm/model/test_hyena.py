@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lcsm.model import HyenaArgs, HyenaLM, flops_per_token, num_params
+from lcsm.model.hyena import HyenaArgs, HyenaLM, flops_per_token, num_params
 
 ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
 
@@ -17,22 +17,6 @@ def model():
 @pytest.fixture(scope="module")
 def tokens():
     return torch.randint(0, ARGS.vocab_size, (2, ARGS.max_seq_len), generator=torch.Generator().manual_seed(1))
-
-
-@pytest.mark.parametrize("engine,options", [("lazy", {}), ("eager", {}), ("recompute", {}),
-                                            ("flash", {"tau": "fft", "block": 1}), ("flash", {})])
-@pytest.mark.parametrize("P", [1, 2, 11, 24])
-def test_prefill_then_decode_equals_parallel_forward(model, tokens, engine, options, P):
-    state = model.new_decode_state(engine, 2, **options)
-    logits = [model.prefill(tokens[:, :P], state)]
-    logits += [model.step(tokens[:, t], state)[:, None] for t in range(P, ARGS.max_seq_len)]
-    torch.testing.assert_close(torch.cat(logits, 1), model(tokens), rtol=0, atol=1e-10)
-
-
-def test_decode_from_the_first_token_without_prefill(model, tokens):
-    state = model.new_decode_state("flash", 2)
-    logits = torch.stack([model.step(tokens[:, t], state) for t in range(ARGS.max_seq_len)], 1)
-    torch.testing.assert_close(logits, model(tokens), rtol=0, atol=1e-10)
 
 
 def test_filter_depends_on_position_only(model):

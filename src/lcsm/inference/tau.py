@@ -5,14 +5,18 @@ the next U outputs: out[r, b, m] = sum_k y[r, b, k] * rho[r, U + m - k], which u
 The filter is fixed, so every implementation precomputes its filter side once per tile size in `prepare`.
 """
 
+from __future__ import annotations
+
 import abc
+import copy
+import functools
 import os
-import time
 
 import torch
 import torch.nn.functional as F
 
-from lcsm.fftconv import next_pow2
+from lcsm.inference import autotune
+from lcsm.model.fftconv import next_pow2
 
 
 def filter_lags(rho_RL: torch.Tensor, n: int) -> torch.Tensor:
@@ -32,6 +36,13 @@ class Tau(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, U: int) -> None: ...
+
+    def rows(self, lo: int, hi: int) -> Tau:
+        """The same tau for rows lo .. hi-1 alone, sharing this one's prepared filters (prepare first)."""
+        part = copy.copy(self)
+        part.rho_RL = self.rho_RL[lo:hi]
+        part.prepared = {U: p[lo:hi] for U, p in self.prepared.items()}
+        return part
 
     @abc.abstractmethod
     def __call__(self, y_RBU: torch.Tensor) -> torch.Tensor: ...
@@ -99,11 +110,16 @@ class TritonTau(Tau):
             )
         self.rho_pad = filter_lags(rho_RL, 2 * next_pow2(rho_RL.shape[-1])).contiguous()
 
+    def rows(self, lo, hi):
+        part = super().rows(lo, hi)
+        part.rho_pad = self.rho_pad[lo:hi]
+        return part
+
     def prepare(self, U):
         self.prepared[U] = self.rho_pad  # the kernel reads the lags in place
 
     def __call__(self, y_RBU):
-        from lcsm.tau_triton import toeplitz_tile
+        from lcsm.inference.tau_triton import toeplitz_tile
 
         return toeplitz_tile(y_RBU.contiguous(), self.rho_pad)
 
@@ -118,12 +134,9 @@ def triton_available(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-_AUTOTUNED: dict[tuple, str] = {}
-"""hybrid's choices, shared by every engine in the process: (device, dtype, rows, batch, U) -> tau name."""
-
-
 class HybridTau(Tau):
-    """Per tile size, the fastest of the other taus on this machine, from a short timing the first time it is used."""
+    """Per tile size, the fastest of the other taus on this machine: timed once per machine and tile shape, and
+    cached on disk (lcsm.inference.autotune)."""
 
     name = "hybrid"
     quadratic_max_U = 1024  # the O(U^2) taus lose to the FFT well before this (and direct's matrices cost R U^2)
@@ -141,36 +154,27 @@ class HybridTau(Tau):
                     tau.prepare(U)
                 except MemoryError:
                     continue  # direct's matrices for many rows: not a contender at this size
+        self.prepared[U] = self.candidates["fft"].prepared[U]
+
+    def rows(self, lo, hi):
+        part = super().rows(lo, hi)
+        part.candidates = {name: tau.rows(lo, hi) for name, tau in self.candidates.items()}
+        part.chosen = {}
+        return part
 
     def __call__(self, y_RBU):
         U = y_RBU.shape[-1]
         tau = self.chosen.get(U)
         if tau is None:
-            key = (str(y_RBU.device), y_RBU.dtype, *y_RBU.shape)
-            if key not in _AUTOTUNED:
-                _AUTOTUNED[key] = self._fastest(y_RBU)
-            tau = self.chosen[U] = self.candidates[_AUTOTUNED[key]]
+            able = {name: tau for name, tau in self.candidates.items() if U in tau.prepared}
+            key = f"tau {y_RBU.device.type} {str(y_RBU.dtype)[6:]} rows={y_RBU.shape[0]} B={y_RBU.shape[1]} U={U}"
+            name = autotune.choose(y_RBU.device, key, {n: functools.partial(t, y_RBU) for n, t in able.items()})
+            tau = self.chosen[U] = able.get(name, self.candidates["fft"])  # a cached name may be unable here
         return tau(y_RBU)
 
-    def _fastest(self, y_RBU: torch.Tensor) -> str:
-        U = y_RBU.shape[-1]
-        # CPU time on the CPU, so that other jobs on a shared machine do not skew the choice.
-        clock = time.perf_counter if y_RBU.is_cuda else time.process_time
-        timings = {}
-        for name, tau in self.candidates.items():
-            if U not in tau.prepared:
-                continue
-            tau(y_RBU)  # warm-up (and Triton compilation)
-            reps = max(1, min(20, 2**16 // (U * max(1, y_RBU.shape[0] // 64))))
-            if y_RBU.is_cuda:
-                torch.cuda.synchronize()
-            start = clock()
-            for _ in range(reps):
-                tau(y_RBU)
-            if y_RBU.is_cuda:
-                torch.cuda.synchronize()
-            timings[name] = (clock() - start) / reps
-        return min(timings, key=timings.get)
+    def choices(self) -> dict[int, str]:
+        """The tau chosen per tile size so far."""
+        return {U: tau.name for U, tau in sorted(self.chosen.items())}
 
 
 TAUS: dict[str, type[Tau]] = {t.name: t for t in (DirectTau, FFTTau, Conv1dTau, TritonTau, HybridTau)}

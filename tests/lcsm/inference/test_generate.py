@@ -5,8 +5,9 @@ import sys
 import pytest
 import torch
 
-from lcsm.generate import generate, main
-from lcsm.model import HyenaArgs, HyenaLM
+from lcsm.inference.decode import new_decode_state
+from lcsm.inference.generate import generate, main
+from lcsm.model.hyena import HyenaArgs, HyenaLM
 
 ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=64, max_seq_len=40, filter_emb_dim=5, filter_hidden=8)
 
@@ -46,7 +47,7 @@ def test_bad_lengths_name_the_fix(model):
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 0)
     with pytest.raises(ValueError, match=r"prompt length must be in \[1, 40\]"):
-        model.prefill(torch.zeros(1, 41, dtype=torch.long), model.new_decode_state("flash", 1))
+        new_decode_state(model, "flash", 1).prefill(torch.zeros(1, 41, dtype=torch.long))
 
 
 @pytest.mark.parametrize("argv,message", [(["--engine", "fast"], "--engine must be one of"),

@@ -1,6 +1,6 @@
 import torch
 
-from lcsm.fftconv import fft_causal_conv, next_pow2
+from lcsm.model.fftconv import fft_causal_conv, next_pow2
 
 
 def test_fft_causal_conv_equals_direct_sum_float64():

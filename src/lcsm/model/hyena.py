@@ -1,4 +1,4 @@
-"""Hyena language model: single-device PyTorch, parallelized from outside (see lcsm.hyena).
+"""Hyena language model: single-device PyTorch, parallelized from outside (see lcsm.model.spec).
 
 Channel-major layouts (in_proj output [d, p], filter channels [d, n]) keep every channel's projections and filters
 together, so a contiguous tensor-parallel shard of the channels is a self-contained slice of the mixer.
@@ -7,6 +7,7 @@ together, so a contiguous tensor-parallel shard of the channels is a self-contai
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,9 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from lcsm.decode import BlockWeights, DecodeState, fold_norm, ring_window
-from lcsm.engines import build_engine
-from lcsm.fftconv import fft_causal_conv
+from lcsm.model.fftconv import fft_causal_conv
 
 
 @dataclass
@@ -38,6 +37,10 @@ class HyenaArgs:
     """Fastest and slowest filter decay, as the fraction of max_seq_len after which |h| falls to 1 %."""
     mlp_ratio: int = 4
     norm_eps: float = 1e-5
+
+
+LongConv = Callable[[torch.Tensor, int], torch.Tensor]
+"""`(v_BDL, n) -> z_BDL`: a mixer's n-th causal long convolution."""
 
 
 def local(p: torch.Tensor) -> torch.Tensor:
@@ -121,28 +124,24 @@ class HyenaMixer(nn.Module):
         self.filter = ImplicitFilter(N * D, args)
         self.out_proj = nn.Linear(D, D)
 
-    def _short_conv(self, u_BCL: torch.Tensor) -> torch.Tensor:
+    def short_conv(self, u_BCL: torch.Tensor) -> torch.Tensor:
         w = local(self.short_weight)
         causal = F.conv1d(u_BCL, w, local(self.short_bias), padding=w.shape[-1] - 1, groups=u_BCL.shape[1])
         return causal[..., : u_BCL.shape[-1]]
 
-    def forward(self, x_BLD: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BLD: torch.Tensor, long_conv: LongConv | None = None) -> torch.Tensor:
+        """`long_conv(v_BDL, n)` replaces the FFT convolution with filter n (an online engine's prefill)."""
         B, L, _ = x_BLD.shape
-        u = self._short_conv(self.in_proj(x_BLD).transpose(1, 2)).view(B, -1, self.order + 1, L)
-        rho = self.filter(L).view(-1, self.order, L)
-        v = u[:, :, 0]
-        for n in range(self.order):
-            v = u[:, :, n + 1] * fft_causal_conv(v, rho[:, n])
-        return self.out_proj(v.transpose(1, 2))
+        u = self.short_conv(self.in_proj(x_BLD).transpose(1, 2)).view(B, -1, self.order + 1, L)
+        if long_conv is None:
+            rho = self.filter(L).view(-1, self.order, L)
 
-    def prefill(self, x_BPD: torch.Tensor, state: DecodeState, layer: int) -> torch.Tensor:
-        B, P, _ = x_BPD.shape
-        u_pre = self.in_proj(x_BPD).transpose(1, 2)
-        state.short[layer] = ring_window(u_pre, self.short_weight.shape[-1])
-        u = self._short_conv(u_pre).view(B, -1, self.order + 1, P)
+            def long_conv(v: torch.Tensor, n: int) -> torch.Tensor:
+                return fft_causal_conv(v, rho[:, n])
+
         v = u[:, :, 0]
         for n in range(self.order):
-            v = u[:, :, n + 1] * state.engine.prefill(v, slot=layer * self.order + n)
+            v = u[:, :, n + 1] * long_conv(v, n)
         return self.out_proj(v.transpose(1, 2))
 
     def init_weights(self, init_std: float) -> None:
@@ -179,9 +178,8 @@ class HyenaBlock(nn.Module):
         self.mlp = MLP(args.dim, args.mlp_ratio * args.dim)
         self.init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
 
-    def forward(self, x: torch.Tensor, mixer=None) -> torch.Tensor:
-        """`mixer` replaces self.mixer when prefilling (its prefill bound to the decode state)."""
-        h = x + (mixer or self.mixer)(self.mixer_norm(x))
+    def forward(self, x: torch.Tensor, long_conv: LongConv | None = None) -> torch.Tensor:
+        h = x + self.mixer(self.mixer_norm(x), long_conv)
         return h + self.mlp(self.mlp_norm(h))
 
     def init_weights(self) -> None:
@@ -230,32 +228,6 @@ class HyenaLM(nn.Module):
         """Every long-convolution filter over the full max_seq_len: (layers x order, dim, max_seq_len)."""
         L, N = self.args.max_seq_len, self.args.order
         return torch.cat([b.mixer.filter(L).view(-1, N, L).transpose(0, 1) for b in self.layers.values()])
-
-    @torch.no_grad()
-    def new_decode_state(self, engine: str, batch: int, **flash_options) -> DecodeState:
-        """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.engines)."""
-        rho = self.inference_filters()
-        channels, kernel = (self.args.order + 1) * self.args.dim, self.args.short_kernel
-        # Zero rings are the causal conv's left padding, so decoding may also start without a prefill.
-        short = [rho.new_zeros(kernel, batch, channels) for _ in range(self.args.n_layers)]
-        blocks = [BlockWeights.of(block) for block in self.layers.values()]
-        return DecodeState(build_engine(engine, rho, batch, **flash_options), short, blocks,
-                           fold_norm(self.norm, self.output.weight), self.args.dim * self.norm.eps)
-
-    @torch.no_grad()
-    def prefill(self, tokens_BP: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Consumes a prompt (B, P) and returns its logits (B, P, vocab), equal to the parallel forward."""
-        h = self.tok_embeddings(tokens_BP)
-        for i, block in enumerate(self.layers.values()):
-            h = block(h, mixer=lambda x, i=i, block=block: block.mixer.prefill(x, state, i))
-        state.pos = tokens_BP.shape[1]
-        return self.output(self.norm(h))
-
-    @torch.inference_mode()  # cheaper per op than no_grad; the state's tensors are only ever updated in place
-    def step(self, token_B: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Consumes one token per sequence (B,) and returns the next-token logits (B, vocab): the parallel forward's
-        arithmetic (up to rounding) in the few-op layout of lcsm.decode."""
-        return state.step(self.tok_embeddings(token_B))
 
 
 def num_params(model: nn.Module, exclude_embedding: bool = False) -> int:

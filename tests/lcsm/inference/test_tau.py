@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from lcsm.tau import TAUS, build_tau, triton_available
+from lcsm.inference.tau import TAUS, build_tau, triton_available
 
 
 def brute_force_tile(y_RBU, rho_RL):
@@ -30,9 +30,19 @@ def test_tau_matches_brute_force(name, U):
     torch.testing.assert_close(tau(y), brute_force_tile(y, rho), rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["direct", "fft", "conv1d", "hybrid"])
+def test_tau_of_some_rows_equals_those_rows_of_the_whole(name):
+    gen = torch.Generator().manual_seed(0)
+    rho, y = torch.randn(6, 40, generator=gen, dtype=torch.float64), torch.randn(6, 2, 8, generator=gen,
+                                                                                  dtype=torch.float64)
+    tau = build_tau(name, rho)
+    tau.prepare(8)
+    torch.testing.assert_close(tau.rows(2, 4)(y[2:4]), brute_force_tile(y[2:4], rho[2:4]), rtol=0, atol=1e-10)
+
+
 TRITON_CHECK = """
 import torch
-from lcsm.tau import build_tau
+from lcsm.inference.tau import build_tau
 gen = torch.Generator().manual_seed(0)
 rho = torch.randn(2, 40, generator=gen)
 fft, triton_tau = build_tau("fft", rho), build_tau("triton", rho)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lcsm.engines import ENGINES, build_engine
-from lcsm.fftconv import fft_causal_conv
+from lcsm.inference.engines import ENGINES, build_engine
+from lcsm.model.fftconv import fft_causal_conv
 
 CONFIGS = [
     ("lazy", {}),
@@ -12,6 +12,7 @@ CONFIGS = [
     ("flash", {"tau": "direct", "block": 2}),
     ("flash", {"tau": "conv1d", "block": 4, "batch_layers": False}),
     ("flash", {"tau": "hybrid"}),
+    ("flash", {"tau": "fft", "block": 8, "batch_layers": True}),
 ]
 
 
@@ -64,12 +65,30 @@ def test_engine_float32_feedback(name, options):
     torch.testing.assert_close(z, fft_causal_conv(y.double(), rho[0].double()).float(), rtol=1e-4, atol=1e-4)
 
 
-def test_flash_tiles_batched_over_layers_equal_per_layer():
+def test_flash_tiles_batched_over_slots_equal_per_slot_and_the_choice_is_reported():
     gen = torch.Generator().manual_seed(1)
     rho, y = torch.randn(4, 3, 50, generator=gen), torch.randn(4, 1, 3, 50, generator=gen)
     batched = run(build_engine("flash", rho, 1, tau="fft", block=1), y, 5)
     per_layer = run(build_engine("flash", rho, 1, tau="fft", block=1, batch_layers=False), y, 5)
     torch.testing.assert_close(batched, per_layer, rtol=1e-6, atol=1e-6)
+    chosen = build_engine("flash", rho, 1, tau="hybrid", block=4)
+    torch.testing.assert_close(run(chosen, y, 5), batched, rtol=1e-5, atol=1e-5)
+    plan = chosen.describe()
+    assert list(plan) == [4, 8, 16, 32]
+    for U, how in plan.items():
+        tau, batching = how.split(", ")
+        assert tau in ("fft", "direct", "conv1d") and batching == ("all slots" if chosen.batched[U] else "per slot")
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_step_checks_shape_and_slot_every_time(name):
+    engine = build_engine(name, torch.randn(3, 4, 8), 2)
+    with pytest.raises(ValueError, match=r"input must have shape \(2, 4\), got \(1, 4\)"):
+        engine.step(torch.randn(1, 4))  # would broadcast silently
+    for slot in (-1, 3):
+        with pytest.raises(ValueError, match=r"slot must be in \[0, 3\), got " + str(slot)):
+            engine.step(torch.randn(2, 4), slot)
+    assert engine.pos == 0
 
 
 @pytest.mark.parametrize("name", list(ENGINES))

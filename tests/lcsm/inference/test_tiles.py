@@ -1,6 +1,6 @@
 import pytest
 
-from lcsm.tiles import flash_tile, lowbit, relaxed_squares
+from lcsm.inference.tiles import flash_tile, lowbit, relaxed_squares
 
 
 @pytest.mark.parametrize("L", [1, 2, 7, 16, 33, 64, 100])

@@ -1,13 +1,13 @@
 """Flash Inference for data-dependent filters: both factors of z_t = sum_{j+k=t} y_j * rho_k arrive online.
 
-The symmetric relaxed product (lcsm.tiles.relaxed_squares) covers every (j, k) pair exactly once with squares that
+The symmetric relaxed product (tiles.relaxed_squares) covers every (j, k) pair exactly once with squares that
 use only values already known, in O(L log^2 L) per channel. Filters may differ per sequence: rho_t is (B, D).
 """
 
 import torch
 
-from lcsm.fftconv import fft_causal_conv, next_pow2
-from lcsm.tiles import relaxed_squares
+from lcsm.inference.tiles import relaxed_squares
+from lcsm.model.fftconv import fft_causal_conv, next_pow2
 
 
 def full_conv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,7 @@ class RelaxedConv:
             raise ValueError("prefill needs a non-empty prompt and must come before any step")
         y, rho = self.y, self.rho
         y[..., :P], rho[..., :P] = y_BDP.permute(1, 0, 2), rho_BDP.permute(1, 0, 2)
-        # The squares done before step P, per size U, merge into two rectangles (see lcsm.tiles):
+        # The squares done before step P, per size U, merge into two rectangles (see lcsm.inference.tiles):
         # inputs [U, 2U) x lags [U, MU) and inputs [2U, MU) x lags [U, 2U), with M = P // U.
         U = 1
         while 2 * U <= P:

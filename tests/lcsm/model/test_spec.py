@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lcsm.hyena import hyena_flavors, hyena_spec, update_model_args
+from lcsm.model.spec import hyena_flavors, hyena_spec, update_model_args
 from tests.titan.conftest import assert_same_run, read_metrics, run_train
 from titan.models import get_model_spec
 

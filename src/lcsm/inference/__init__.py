@@ -1,0 +1,1 @@
+"""Exact autoregressive inference for long convolutions: engines, tiles, tau kernels, decode, generate, bench."""

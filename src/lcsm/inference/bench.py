@@ -1,0 +1,261 @@
+"""`python -m lcsm.bench`: online long convolution, flash vs the lazy/eager/recompute baselines, in one run.
+
+Two parts, each timing autoregressive steps after a one-token prompt:
+- mixer: one long convolution (D channels, batch B) fed random inputs, the engine alone;
+- e2e:   a Hyena LM with random weights (layers x order long convolutions, MLPs, head) fed fixed random tokens.
+Quadratic methods are skipped at lengths where their predicted time exceeds --budget seconds.
+On the CPU, times are the process's CPU time (one thread by default): on a shared machine other jobs then do not
+distort the ratios, and on an idle one it equals the wall time, which each record also keeps (wall_s).
+Writes DIR/results.json (one record per method, length and batch) and DIR/results.png (time per token vs L).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lcsm.inference import bench_report
+from lcsm.inference.decode import new_decode_state
+from lcsm.inference.engines import build_engine
+from lcsm.inference.tau import TAUS, triton_available
+from lcsm.model.fftconv import fft_causal_conv
+from lcsm.model.hyena import HyenaArgs, HyenaLM
+
+QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flash_triton"}
+"""Budgeted methods: quadratic in L, or (the direct taus) quadratic in the largest tile."""
+E2E_METHODS = ["lazy", "eager", "flash", "flash_batched", "flash_unbatched"]
+
+
+def method_options(method: str) -> tuple[str, dict]:
+    """'flash' is flash with the hybrid tau, its tiles batched over slots where that is faster (timed once);
+    'flash_batched' / 'flash_unbatched' always / never batch them; 'flash_<tau>' picks the tau."""
+    if method in ("lazy", "eager", "recompute"):
+        return method, {}
+    if method == "flash":
+        return "flash", {"tau": "hybrid"}
+    if method in ("flash_batched", "flash_unbatched"):
+        return "flash", {"tau": "hybrid", "batch_layers": method == "flash_batched"}
+    if method.startswith("flash_") and method[6:] in TAUS:
+        return "flash", {"tau": method[6:]}
+    raise ValueError(f"unknown method {method!r}")
+
+
+def all_methods(device: torch.device) -> list[str]:
+    taus = ["fft", "direct", "conv1d"] + (["triton"] if device.type == "cuda" and triton_available(device) else [])
+    return ["lazy", "eager", "recompute", "flash", "flash_batched", "flash_unbatched"] + [f"flash_{t}" for t in taus]
+
+
+def clock(device: torch.device):
+    return time.perf_counter if device.type == "cuda" else time.process_time
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budget: float, seed: int = 0) -> dict | None:
+    gen = torch.Generator().manual_seed(seed)
+    rho = (torch.randn(1, D, L, generator=gen) * torch.exp(-torch.arange(L) / (L / 4))).to(device)
+    y_LBD = torch.randn(L, B, D, generator=gen).to(device)
+    name, options = method_options(method)
+    if name == "flash":  # fill the autotune caches outside the timing
+        _run_mixer(build_engine(name, rho, B, **options), y_LBD, device, budget)
+    wall_start = time.perf_counter()
+    engine = build_engine(name, rho, B, **options)
+    result = _run_mixer(engine, y_LBD, device, budget)
+    if result is None:
+        return None
+    z_LBD, seconds = result
+    wall_s = time.perf_counter() - wall_start
+    ref = fft_causal_conv(y_LBD.permute(1, 2, 0).double(), rho[0].double()).permute(2, 0, 1)
+    err = (z_LBD.double() - ref).abs().max().item()
+    return dict(mixer_s=seconds, total_s=seconds, wall_s=wall_s, max_abs_err=err, layers=1, tiles=_tiles(engine))
+
+
+def _tiles(engine) -> dict | None:
+    return {str(U): how for U, how in engine.describe().items()} if engine.name == "flash" else None
+
+
+def _run_mixer(engine, y_LBD: torch.Tensor, device: torch.device, budget: float) -> tuple[torch.Tensor, float] | None:
+    """Outputs and seconds of the steps after a one-token prefill; None once over budget."""
+    inputs, outputs = y_LBD.unbind(0), [engine.prefill(y_LBD[0:1].permute(1, 2, 0)).permute(2, 0, 1)[0]]
+    step, now = engine.step, clock(device)
+    sync(device)
+    start = now()
+    for t in range(1, y_LBD.shape[0]):
+        outputs.append(step(inputs[t]))
+        if t % 1024 == 0 and now() - start > budget:
+            return None
+    sync(device)
+    return torch.stack(outputs), now() - start
+
+
+def e2e_args(L: int, D: int, layers: int) -> HyenaArgs:
+    return HyenaArgs(dim=D, n_layers=layers, vocab_size=512, max_seq_len=L)
+
+
+def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.device, budget: float,
+              cache: dict) -> dict | None:
+    key = (L, D, B, layers)
+    if key not in cache:  # one model, token stream and parallel reference per shape, shared by all methods
+        torch.manual_seed(0)
+        model = HyenaLM(e2e_args(L, D, layers)).to(device)
+        model.init_weights()
+        tokens = torch.randint(0, 512, (B, L), device=device)
+        with torch.no_grad():
+            last_logits = model(tokens)[:, -1]
+        cache.clear()
+        cache[key] = (model, tokens, last_logits)
+    model, tokens, ref = cache[key]
+    name, options = method_options(method)
+    if name == "flash":  # fill the autotune caches outside the timing, with the engine alone
+        rho = model.inference_filters()
+        _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
+    state = new_decode_state(model, name, B, **options)
+    mixer_s = [0.0]
+    engine_step, now = state.engine.step, clock(device)
+
+    def timed_step(y, slot):
+        sync(device)
+        start = now()
+        z = engine_step(y, slot)
+        sync(device)
+        mixer_s[0] += now() - start
+        return z
+
+    state.engine.step = timed_step
+    state.prefill(tokens[:, :1])
+    inputs = tokens.T.unbind(0)
+    sync(device)
+    start, wall_start = now(), time.perf_counter()
+    for t in range(1, L):
+        logits = state.step(inputs[t])
+        if t % 256 == 0 and now() - start > budget:
+            return None
+    sync(device)
+    total_s = now() - start
+    return dict(mixer_s=mixer_s[0], total_s=total_s, wall_s=time.perf_counter() - wall_start,
+                max_abs_err=(logits - ref).abs().max().item(), layers=layers, tiles=_tiles(state.engine))
+
+
+def _run_mixer_slots(engine, y_LBD: torch.Tensor) -> None:
+    for g in range(engine.G):
+        engine.prefill(y_LBD[0:1].permute(1, 2, 0), g)
+    for t in range(1, y_LBD.shape[0]):
+        for g in range(engine.G):
+            engine.step(y_LBD[t], g)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m lcsm.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small lengths, e2e at 256 only (< 30 s)")
+    p.add_argument("--out", default="outputs/lcsm_bench", help="folder for results.json and results.png")
+    p.add_argument("--lengths", type=int, nargs="+", help="sequence lengths (default 2^10 .. 2^17)")
+    p.add_argument("--methods", nargs="+", help="methods (default all): lazy eager recompute flash flash_batched "
+                   "flash_unbatched flash_<tau>")
+    p.add_argument("--parts", nargs="+", default=["mixer", "e2e"], help="mixer and/or e2e")
+    p.add_argument("--e2e-max-len", type=int, help="longest e2e length (default 2^15, quick 2^8)")
+    p.add_argument("--channels", type=int, default=64, help="mixer channels D (also the e2e model width)")
+    p.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 1 and 8, a serving shape; quick 1)")
+    p.add_argument("--layers", type=int, default=4, help="e2e model layers (x order 2 long convolutions)")
+    p.add_argument("--budget", type=float, help="seconds a quadratic method may take at one length (default 60, "
+                   "quick 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (tiny FFTs slow down with more on a "
+                   "loaded box)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace, lengths: list[int], methods: list[str], device: torch.device) -> list[str]:
+    errors = []
+    if min(lengths) < 2:
+        errors.append(f"--lengths must be >= 2, got {min(lengths)}")
+    for m in methods:
+        try:
+            method_options(m)
+        except ValueError as e:
+            errors.append(f"{e}; choose from {' '.join(all_methods(device))}")
+    if set(args.parts) - {"mixer", "e2e"}:
+        errors.append(f"--parts must be mixer and/or e2e, got {' '.join(args.parts)}")
+    if min(args.channels, *args.batch, args.layers, args.threads) < 1:
+        errors.append("--channels, --batch, --layers and --threads must be >= 1")
+    if "flash_triton" in methods and not triton_available(device):
+        errors.append("flash_triton needs Triton and a CUDA device; drop it from --methods")
+    return errors
+
+
+def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, device, budget: float) -> list[dict]:
+    """Every method at every length for one part and batch; a quadratic method stops where it would pass budget."""
+    records, over, e2e_cache = [], set(), {}
+    for L in sorted(lengths):
+        for method in methods:
+            if (part == "mixer" and method in ("flash_batched", "flash_unbatched")) or method in over:
+                continue  # one slot: the same as flash
+            limit = budget if method in QUADRATIC else float("inf")
+            try:
+                if part == "mixer":
+                    rec = bench_mixer(method, L, args.channels, B, device, limit)
+                else:
+                    rec = bench_e2e(method, L, args.channels, B, args.layers, device, limit, e2e_cache)
+            except MemoryError as e:
+                print(f"  {part} {method}: skipped from L={L} ({e})")
+                over.add(method)
+                continue
+            if rec is None:
+                over.add(method)
+                print(f"  {part} {method} B={B}: stopped at L={L} after the {budget:.0f} s budget; skipped from here")
+                continue
+            rec = dict(part=part, method=method, seq_len=L, batch=B, channels=args.channels,
+                       threads=torch.get_num_threads(), device=str(device), **rec)
+            rec["us_per_token"] = rec["total_s"] / (L - 1) * 1e6
+            records.append(rec)
+            print(f"  {part} {method} B={B} L={L}: {rec['total_s']:.3f} s, err {rec['max_abs_err']:.1e}", flush=True)
+            next_L = min((x for x in lengths if x > L), default=None)
+            if method in QUADRATIC and next_L and rec["total_s"] * (next_L / L) ** 2 > budget:
+                over.add(method)
+                print(f"  {part} {method} B={B}: skipped from L={next_L} (predicted over the {budget:.0f} s budget)")
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    lengths = args.lengths or ([2**8, 2**10, 2**12] if args.quick else [2**k for k in range(10, 18)])
+    budget = args.budget if args.budget is not None else (3.0 if args.quick else 60.0)
+    e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
+    methods = args.methods or all_methods(device)
+    args.batch = args.batch or ([1] if args.quick else [1, 8])
+    errors = check_args(args, lengths, methods, device)
+    if errors:
+        print(f"error: {errors[0]}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    timing = "wall time" if device.type == "cuda" else "process CPU time"
+    print(f"lcsm.bench on {device} ({timing}), {torch.get_num_threads()} thread(s), float32, D={args.channels}, "
+          f"B={' '.join(map(str, args.batch))}, e2e layers={args.layers} (order 2), budget {budget:.0f} s per "
+          "quadratic run")
+    records: list[dict] = []
+    for part in args.parts:
+        part_lengths = [L for L in lengths if part == "mixer" or L <= e2e_max_len]
+        part_methods = [m for m in methods if part == "mixer" or args.methods or m in E2E_METHODS]
+        for B in args.batch:
+            records += run_part(part, B, part_lengths, part_methods, args, device, budget)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(records, indent=1))
+    bench_report.plot(records, out / "results.png")
+    bench_report.print_table(records)
+    bench_report.print_tiles(records)
+    print("\n".join(bench_report.ratio_summary(records)))
+    print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

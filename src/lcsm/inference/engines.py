@@ -1,0 +1,269 @@
+"""Online causal long convolution: feed y_t, get z_t[c] = sum_{j<=t} y_j[c] * rho_{t-j}[c].
+
+Every engine serves G slots (e.g. layers x Hyena orders) that share one clock: at each position the slots are
+stepped in order 0 .. G-1, because a slot's input may depend on the previous slot's output. A slot's input is a
+(B, D) batch x channels. `prefill` consumes a whole prompt exactly (by FFT) and leaves the engine in the state it
+would have reached by stepping through it. All state lives in (G, D, B, L) buffers, so each step is a handful of
+tensor ops vectorized over batch and channels.
+
+- lazy:      z_t as one dot product over the whole history: O(t) per step.
+- eager:     y_t's contribution to every future output at once: O(L - t) per step.
+- recompute: an FFT convolution of the whole prefix each step: O(t log t) per step.
+- flash:     Flash Inference tiling (lcsm.inference.tiles): O(L log^2 L) in all, one tau call per tile for all slots.
+"""
+
+import abc
+
+import torch
+import torch.nn.functional as F
+
+from lcsm.inference import autotune
+from lcsm.inference.tau import Tau, build_tau
+from lcsm.inference.tiles import lowbit
+from lcsm.model.fftconv import fft_causal_conv, next_pow2
+
+
+class OnlineConv(abc.ABC):
+    name = ""
+
+    def __init__(self, rho_GDL: torch.Tensor, batch: int):
+        if rho_GDL.dim() != 3 or min(rho_GDL.shape) < 1:
+            raise ValueError(f"rho must be (slots, channels, length) with every size >= 1, got {tuple(rho_GDL.shape)}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.rho_GDL = rho_GDL
+        self.G, self.D, self.L = rho_GDL.shape
+        self.B = batch
+        self.pos = 0  # positions fully stepped by every slot
+        self.step_shape, self.dtype, self.device = torch.Size((batch, self.D)), rho_GDL.dtype, rho_GDL.device
+
+    def _buffer(self) -> torch.Tensor:
+        return self.rho_GDL.new_zeros(self.G, self.D, self.B, self.L)
+
+    def _check(self, y: torch.Tensor, shape: tuple[int, ...], slot: int) -> None:
+        if y.dtype != self.rho_GDL.dtype or y.device != self.rho_GDL.device:
+            raise ValueError(
+                f"input is {y.dtype} on {y.device} but the filter is {self.rho_GDL.dtype} on "
+                f"{self.rho_GDL.device}; convert one to match"
+            )
+        if tuple(y.shape) != shape:
+            raise ValueError(f"input must have shape {shape}, got {tuple(y.shape)}")
+        if not 0 <= slot < self.G:
+            raise ValueError(f"slot must be in [0, {self.G}), got {slot}")
+
+    def prefill(self, y_BDP: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        """Consumes a prompt (B, D, P) for one slot and returns its outputs (B, D, P), exactly."""
+        P = y_BDP.shape[-1]
+        self._check(y_BDP, (self.B, self.D, P), slot)
+        if self.pos != 0:
+            raise ValueError("prefill must come before any step; build a new engine for a new sequence")
+        if not 1 <= P <= self.L:
+            raise ValueError(f"prompt length must be in [1, {self.L}] (the filter length), got {P}")
+        z_BDP = fft_causal_conv(y_BDP, self.rho_GDL[slot])
+        self._prefill_state(y_BDP.permute(1, 0, 2), slot)
+        if slot == self.G - 1:
+            self.pos = P
+        return z_BDP
+
+    def step(self, y_BD: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        """Consumes y_t (B, D) for one slot and returns z_t (B, D)."""
+        # Checked on every call (a few hundred ns): a wrong shape would broadcast, a wrong slot corrupt silently.
+        if (y_BD.shape != self.step_shape or not 0 <= slot < self.G or y_BD.dtype != self.dtype
+                or y_BD.device != self.device):
+            self._check(y_BD, tuple(self.step_shape), slot)
+        if self.pos >= self.L:
+            raise ValueError(f"all {self.L} positions are used; build the engine with a longer filter")
+        z_BD = self._step(y_BD, slot, self.pos)
+        if slot == self.G - 1:
+            self.pos += 1
+        return z_BD
+
+    @abc.abstractmethod
+    def _prefill_state(self, y_DBP: torch.Tensor, slot: int) -> None: ...
+
+    @abc.abstractmethod
+    def _step(self, y_BD: torch.Tensor, slot: int, t: int) -> torch.Tensor: ...
+
+
+class LazyConv(OnlineConv):
+    name = "lazy"
+
+    def __init__(self, rho_GDL, batch):
+        super().__init__(rho_GDL, batch)
+        self.y = list(self._buffer().unbind(0))
+        self.rho_rev = list(rho_GDL.flip(-1).unsqueeze(2).contiguous().unbind(0))  # (D, 1, L) per slot
+
+    def _prefill_state(self, y_DBP, slot):
+        self.y[slot][..., : y_DBP.shape[-1]] = y_DBP
+
+    def _step(self, y_BD, slot, t):
+        y = self.y[slot]
+        y[..., t] = y_BD.T
+        return torch.linalg.vecdot(y[..., : t + 1], self.rho_rev[slot][..., self.L - 1 - t :]).T
+
+
+class EagerConv(OnlineConv):
+    name = "eager"
+
+    def __init__(self, rho_GDL, batch):
+        super().__init__(rho_GDL, batch)
+        self.acc = list(self._buffer().unbind(0))
+        self.rho = list(rho_GDL.unsqueeze(2).unbind(0))  # (D, 1, L) per slot
+
+    def _prefill_state(self, y_DBP, slot):
+        P = y_DBP.shape[-1]
+        z_all = fft_causal_conv(F.pad(y_DBP, (0, self.L - P)), self.rho[slot])
+        self.acc[slot][..., P:] = z_all[..., P:]
+
+    def _step(self, y_BD, slot, t):
+        acc = self.acc[slot]
+        acc[..., t:].addcmul_(y_BD.T.unsqueeze(-1), self.rho[slot][..., : self.L - t])
+        return acc[..., t].T.clone()
+
+
+class RecomputeConv(OnlineConv):
+    name = "recompute"
+
+    def __init__(self, rho_GDL, batch):
+        super().__init__(rho_GDL, batch)
+        self.y = list(self._buffer().unbind(0))
+        # A power-of-two FFT of size n >= t + 1 gives output t without wrap-around; one spectrum per size.
+        sizes = [1 << k for k in range(next_pow2(self.L).bit_length())]
+        self.spectra = {n: torch.fft.rfft(rho_GDL[..., :n], n=n).unsqueeze(2).unbind(0) for n in sizes}
+
+    def _prefill_state(self, y_DBP, slot):
+        self.y[slot][..., : y_DBP.shape[-1]] = y_DBP
+
+    def _step(self, y_BD, slot, t):
+        y = self.y[slot]
+        y[..., t] = y_BD.T
+        n = next_pow2(t + 1)
+        return torch.fft.irfft(torch.fft.rfft(y[..., : t + 1], n=n) * self.spectra[n][slot], n=n)[..., t].T
+
+
+class FlashConv(OnlineConv):
+    """Flash Inference. Tiles of size >= block go through tau; the pairs inside one b-aligned block are summed by
+    each step eagerly: a step is two small tensor ops on views made once, its output and one multiply-add that
+    stores y_t and adds its contribution to the rest of its block.
+
+    batch_layers: True runs each tile once for all slots (they share the tile size), False once per slot, None
+    (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
+    less overhead, G calls keep the working set of a long tile in cache.
+    """
+
+    name = "flash"
+
+    def __init__(self, rho_GDL, batch, tau: str = "hybrid", block: int = 16, batch_layers: bool | None = None):
+        super().__init__(rho_GDL, batch)
+        if block < 1 or block & (block - 1):
+            raise ValueError(f"block must be a power of two >= 1, got {block}")
+        G, D, B, L = self.G, self.D, self.B, self.L
+        self.block = b = block
+        # The past, with rows (slot, channel) as tau takes them: inputs, and the tiles' sums for later outputs.
+        self.y_rows, self.acc_rows = rho_GDL.new_zeros(G * D, B, L), rho_GDL.new_zeros(G * D, B, L + b)
+        self.y_slot, self.acc_slot = self.y_rows.view(G, D, B, L), self.acc_rows.view(G, D, B, L + b)
+        # Each slot's current block, position-major: the partial sums of its outputs A, then its inputs Y, in one
+        # buffer W = [A_0 .. A_{b-1}, Y_0 .. Y_{b-1}]. At offset o, W[o+1 : o+1+b] is A_{o+1} .. A_{b-1} (which
+        # y_o feeds through lags 1 .. b-1-o), Y_0 .. Y_{o-1} (weight 0) and Y_o (weight 1, from zero): one multiply-
+        # add per step both sums y_o into its block's later outputs and stores it.
+        self.W = rho_GDL.new_zeros(G, 2 * b, B, D)
+        self.A, self.Y = self.W[:, :b], self.W[:, b:]
+        rho_k = F.pad(rho_GDL[..., :b], (0, max(0, b - L))).transpose(1, 2).unsqueeze(2)  # (G, b, 1, D): lag k
+        self.rho0, self.rho_lags = rho_k[:, 0], rho_k[:, 1:]
+        weights = rho_GDL.new_zeros(G, b, b, 1, D)  # [g, o]: the weights of W[o+1 : o+1+b]
+        for o in range(b):
+            weights[:, o, : b - 1 - o] = rho_k[:, 1 : b - o]
+            weights[:, o, b - 1] = 1
+        self.W_later = [[w[o + 1 : o + 1 + b] for o in range(b)] for w in self.W]
+        self.weights = [w.unbind(0) for w in weights]
+        self.A_now = [a.unbind(0) for a in self.A]
+        self.pending = [False] * G
+        """Slots whose block was begun by prefill: its tile sums are still to be added."""
+        self.sizes = [U for U in (1 << k for k in range(max(L - 1, 1).bit_length())) if b <= U < L]
+        self.tau = build_tau(tau, rho_GDL.reshape(G * D, L))
+        for U in self.sizes:
+            self.tau.prepare(U)
+        self.slot_taus = [self.tau.rows(g * D, (g + 1) * D) for g in range(G)]
+        self.batched = {U: (G == 1 or self._batching_wins(U)) if batch_layers is None else batch_layers
+                        for U in self.sizes}
+        """Tile size -> whether one tau call serves every slot (after the last slot's step)."""
+
+    def _batching_wins(self, U: int) -> bool:
+        y_all = self.y_rows[..., :U]
+        key = (f"flash tiles {y_all.device.type} {str(y_all.dtype)[6:]} G={self.G} D={self.D} B={self.B} U={U} "
+               f"tau={self.tau.name}")
+        candidates = {"batched": lambda: self.tau(y_all),
+                      "per_slot": lambda: [tau(y_all[g * self.D : (g + 1) * self.D])
+                                           for g, tau in enumerate(self.slot_taus)]}
+        return autotune.choose(y_all.device, key, candidates) == "batched"
+
+    def describe(self) -> dict[int, str]:
+        """Per tile size: the tau that ran it (hybrid's choice, once used) and whether it served every slot."""
+        out = {}
+        for U in self.sizes:
+            tau = self.tau if self.batched[U] else self.slot_taus[-1]
+            chosen = getattr(tau, "chosen", {}).get(U, tau)
+            out[U] = f"{chosen.name}, {'all slots' if self.batched[U] else 'per slot'}"
+        return out
+
+    def _tile(self, tau: Tau, y_RBL: torch.Tensor, acc_RBL: torch.Tensor, t: int, U: int, first_out: int) -> None:
+        """Adds inputs t-U+1 .. t to outputs max(t+1, first_out) .. min(t+U, L-1)."""
+        out_RBU = tau(y_RBL[..., t - U + 1 : t + 1])
+        lo, hi = max(t + 1, first_out), min(t + U, self.L - 1)
+        acc_RBL[..., lo : hi + 1] += out_RBU[..., lo - t - 1 : hi - t]
+
+    def _tiles_after(self, slot: int, t: int, U: int, first_out: int) -> None:
+        """The tile of size U launched after slot's step t: its own, or every slot's once the last one has stepped."""
+        if not self.batched[U]:
+            self._tile(self.slot_taus[slot], self.y_slot[slot], self.acc_slot[slot], t, U, first_out)
+        elif slot == self.G - 1:
+            self._tile(self.tau, self.y_rows, self.acc_rows, t, U, first_out)
+
+    def _prefill_state(self, y_DBP, slot):
+        P, b = y_DBP.shape[-1], self.block
+        self.y_slot[slot][..., :P] = y_DBP
+        # Of the tiles launched before P, only the last one of each size can reach an output >= P.
+        for U in self.sizes:
+            odd_multiple = (P // U) - (1 - (P // U) % 2)
+            t = odd_multiple * U - 1
+            if odd_multiple > 0 and t + U >= P:
+                self._tiles_after(slot, t, U, first_out=P)
+        # The block holding P: its inputs so far, and their sums for its outputs from P on.
+        o, start = P % b, P - P % b
+        if o:
+            self.Y[slot, :o] = y_DBP[..., start:P].permute(2, 1, 0)
+            self.A[slot].zero_()
+            self.Y[slot, o:].zero_()
+            for j in range(start, P):  # lags P - j .. start + b - 1 - j; rho_lags starts at lag 1
+                self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_lags[slot][P - j - 1 : start + b - j - 1])
+            self.pending[slot] = True
+
+    def _step(self, y_BD, slot, t):
+        b = self.block
+        o = t & (b - 1)
+        if o == 0 or self.pending[slot]:
+            block_sums = self.acc_slot[slot][..., t - o : t - o + b].permute(2, 1, 0)
+            if self.pending[slot]:
+                self.A[slot].add_(block_sums)
+            else:
+                self.A[slot].copy_(block_sums)
+                self.Y[slot].zero_()
+            self.pending[slot] = False
+        z_BD = torch.addcmul(self.A_now[slot][o], y_BD, self.rho0[slot])
+        self.W_later[slot][o].addcmul_(y_BD, self.weights[slot][o])
+        if o == b - 1 and t + 1 < self.L:
+            self.y_slot[slot][..., t - o : t + 1] = self.Y[slot].permute(2, 1, 0)
+            self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
+        return z_BD
+
+
+ENGINES: dict[str, type[OnlineConv]] = {e.name: e for e in (LazyConv, EagerConv, RecomputeConv, FlashConv)}
+
+
+def build_engine(name: str, rho_GDL: torch.Tensor, batch: int, **flash_options) -> OnlineConv:
+    """An engine by name; flash_options (tau, block, batch_layers) go to flash and must be empty for the others."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    if flash_options and name != "flash":
+        raise ValueError(f"options {sorted(flash_options)} apply to the flash engine only, not {name!r}")
+    return ENGINES[name](rho_GDL, batch, **flash_options)

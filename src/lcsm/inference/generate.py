@@ -1,0 +1,132 @@
+"""Generation with a Hyena LM: exact prompt prefill, then one token at a time through an online engine.
+
+python -m lcsm.generate --prompt "The history of" [--checkpoint outputs/hyena_debug/checkpoint/step-200]
+    [--config configs/lcsm/hyena_debug.toml] [--engine flash|lazy|eager|recompute|all] [--max-new-tokens 64]
+    [--section.key value ...]   (titan overrides the model was trained with, e.g. --model.dim 32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lcsm.inference.decode import new_decode_state
+from lcsm.inference.engines import ENGINES
+from lcsm.inference.tau import TAUS
+from lcsm.model.hyena import HyenaLM
+
+
+@torch.no_grad()
+def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
+             temperature: float = 0.0, generator: torch.Generator | None = None, **flash_options) -> torch.Tensor:
+    """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0."""
+    B, P = prompt_BP.shape
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if P + max_new_tokens - 1 > model.args.max_seq_len:
+        raise ValueError(
+            f"prompt ({P}) + max_new_tokens ({max_new_tokens}) needs {P + max_new_tokens - 1} positions but the "
+            f"filters cover max_seq_len = {model.args.max_seq_len}; shorten the prompt or generate fewer tokens"
+        )
+    state = new_decode_state(model, engine, B, **flash_options)
+    logits = state.prefill(prompt_BP)[:, -1]
+    new = []
+    for i in range(max_new_tokens):
+        if temperature > 0:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            token = logits.argmax(-1)
+        new.append(token)
+        if i < max_new_tokens - 1:
+            logits = state.step(token)
+    return torch.cat([prompt_BP, torch.stack(new, 1)], 1)
+
+
+def load_model(config_path: str, checkpoint: str, overrides: list[str]):
+    """Tokenizer and model from a titan config (and a titan checkpoint folder, if given)."""
+    import torch.distributed.checkpoint as dcp
+
+    from lcsm.model.spec import hyena_flavors, update_model_args
+    from titan.components.data import build_tokenizer
+    from titan.config import parse_args
+
+    job_config = parse_args(["--config", config_path, *overrides])
+    tokenizer = build_tokenizer(job_config)
+    args = hyena_flavors[job_config.model.flavor]
+    overrides = {k: getattr(job_config.model, k) for k in ("dim", "n_layers") if getattr(job_config.model, k)}
+    args = update_model_args(dataclasses.replace(args, **overrides), job_config, tokenizer)
+    model = HyenaLM(args)
+    model.init_weights()
+    if checkpoint:
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=checkpoint)
+        model.load_state_dict(state["model"])
+    return tokenizer, model.eval()
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m lcsm.generate", description=__doc__.split("\n")[0])
+    p.add_argument("--prompt", default="The history of")
+    p.add_argument("--config", default="configs/lcsm/hyena_debug.toml", help="titan TOML naming the hyena flavor "
+                   "and tokenizer")
+    p.add_argument("--checkpoint", default="", help="a titan checkpoint folder (.../checkpoint/step-N); "
+                   "without it the weights are random")
+    p.add_argument("--engine", default="flash", help=f"one of {', '.join(ENGINES)}, or all (checks that the "
+                   "greedy tokens agree)")
+    p.add_argument("--tau", default="hybrid", help=f"flash's tile implementation: {', '.join(TAUS)}")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    engines = list(ENGINES) if args.engine == "all" else [args.engine]
+    problems = [
+        (args.engine not in ENGINES and args.engine != "all", f"--engine must be one of {', '.join(ENGINES)}, all"),
+        (args.tau not in TAUS, f"--tau must be one of {', '.join(TAUS)}"),
+        (args.max_new_tokens < 1, "--max-new-tokens must be >= 1"),
+        (args.temperature < 0, "--temperature must be >= 0"),
+        (not Path(args.config).is_file(), f"--config {args.config} is not a file; give a hyena TOML"),
+        (args.checkpoint and not Path(args.checkpoint).is_dir(), f"--checkpoint {args.checkpoint} is not a folder"),
+    ]
+    for bad, message in problems:
+        if bad:
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+    torch.manual_seed(args.seed)
+    try:
+        tokenizer, model = load_model(args.config, args.checkpoint, overrides)
+        if not args.checkpoint:
+            print("note: no --checkpoint, so the weights are random and the text is noise", file=sys.stderr)
+        prompt = torch.tensor([tokenizer.encode(args.prompt, bos=True, eos=False)])
+        results = {}
+        for engine in engines:
+            options = {"tau": args.tau} if engine == "flash" else {}
+            start = time.perf_counter()
+            tokens = generate(model, prompt, args.max_new_tokens, engine, args.temperature,
+                              torch.Generator().manual_seed(args.seed), **options)
+            seconds = time.perf_counter() - start
+            results[engine] = tokens
+            print(f"[{engine}] {seconds / args.max_new_tokens * 1e3:.1f} ms/token")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    first = results[engines[0]]
+    print(tokenizer.decode(first[0].tolist()))
+    if len(engines) > 1:
+        same = all(torch.equal(t, first) for t in results.values())
+        print(f"tokens identical across {', '.join(engines)}: {same}")
+        return 0 if same else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcsm.inference.decode import fold_norm, new_decode_state, rms_scale
+from lcsm.model.hyena import HyenaArgs, HyenaLM
+
+ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = HyenaLM(ARGS).double()
+    m.init_weights()
+    for p in m.parameters():  # nonzero biases and norm weights, so that a wrongly folded one shows
+        if p.dim() == 1:
+            torch.nn.init.normal_(p, std=0.5)
+    return m
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, ARGS.vocab_size, (2, ARGS.max_seq_len), generator=torch.Generator().manual_seed(1))
+
+
+def test_folded_norm_then_projection_equals_the_modules():
+    torch.manual_seed(0)
+    norm, W = nn.RMSNorm(8, eps=1e-5).double(), torch.randn(5, 8, dtype=torch.float64)
+    nn.init.normal_(norm.weight)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    folded = (x * rms_scale(x, 8 * norm.eps)) @ fold_norm(norm, W)
+    torch.testing.assert_close(folded, F.linear(norm(x), W), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("engine,options", [("lazy", {}), ("eager", {}), ("recompute", {}),
+                                            ("flash", {"tau": "fft", "block": 1}), ("flash", {})])
+@pytest.mark.parametrize("P", [1, 2, 3, 11, 24])
+def test_prefill_then_decode_equals_parallel_forward(model, tokens, engine, options, P):
+    state = new_decode_state(model, engine, 2, **options)
+    logits = [state.prefill(tokens[:, :P])]
+    logits += [state.step(tokens[:, t])[:, None] for t in range(P, ARGS.max_seq_len)]
+    torch.testing.assert_close(torch.cat(logits, 1), model(tokens), rtol=0, atol=1e-10)
+
+
+def test_decode_from_the_first_token_without_prefill(model, tokens):
+    """The first K - 1 positions see the short conv's zero padding, in_proj's bias included."""
+    state = new_decode_state(model, "flash", 2)
+    logits = torch.stack([state.step(tokens[:, t]) for t in range(ARGS.max_seq_len)], 1)
+    torch.testing.assert_close(logits, model(tokens), rtol=0, atol=1e-10)
+
+
+def test_logits_of_earlier_steps_are_not_overwritten(model, tokens):
+    state = new_decode_state(model, "lazy", 2)
+    first = state.step(tokens[:, 0])
+    kept = first.clone()
+    state.step(tokens[:, 1])
+    assert torch.equal(first, kept)
+
+
+def test_second_prefill_names_the_fix(model, tokens):
+    state = new_decode_state(model, "lazy", 2)
+    state.prefill(tokens[:, :3])
+    with pytest.raises(ValueError, match="build a new decode state"):
+        state.prefill(tokens[:, :3])
