@@ -132,6 +132,7 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
     """
     arch = parent.arch
     state = parent.state_dict()
+    ref = state["head.weight"]
     count = len(arch.blocks if isinstance(arch, VGG) else arch.stages if isinstance(arch, ResNet) else [0])
     if not 0 <= block < count:
         raise ValueError(f"deepen: block {block} out of range for {describe(arch)} ({count} blocks)")
@@ -140,7 +141,7 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
         stages = list(arch.stages)
         stages[block] = Stage(stage.width, (*stage.blocks, inner or stage.width))
         name = f"layers.{block}.blocks.{len(stage.blocks)}.bn2"
-        zero = torch.zeros(stage.width, dtype=state["head.weight"].dtype, device=state["head.weight"].device)
+        zero = ref.new_zeros(stage.width)
         return _child(parent, replace(arch, stages=tuple(stages)), {**state, f"{name}.weight": zero,
                                                                   f"{name}.bias": zero}, gen)
     if isinstance(arch, VGG):
@@ -149,21 +150,22 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
         blocks[block] = (*blocks[block], Conv(last.width, kernel))
         child_arch, width = replace(arch, blocks=tuple(blocks)), last.width
         name, producer = f"layers.{block}.{len(arch.blocks[block])}", f"layers.{block}.{len(arch.blocks[block]) - 1}"
-        eye = torch.zeros(width, width, kernel, kernel)
+        eye = ref.new_zeros(width, width, kernel, kernel)
         eye[torch.arange(width), torch.arange(width), kernel // 2, kernel // 2] = 1
         new = {f"{name}.conv.weight": eye}
     else:
         width = arch.hidden[-1]
         child_arch, name = replace(arch, hidden=(*arch.hidden, width)), f"layers.{len(arch.hidden)}"
         producer = f"layers.{len(arch.hidden) - 1}"
-        new = {f"{name}.fc.weight": torch.eye(width)}
-    mean, var = _channel_stats(parent, producer, calib) if calib is not None else (torch.zeros(width),
-                                                                                   torch.ones(width))
+        new = {f"{name}.fc.weight": torch.eye(width, dtype=ref.dtype, device=ref.device)}
+    # In the parent's dtype throughout: BatchNorm divides by sqrt(var + eps) in that dtype, so a weight of
+    # sqrt(1 + eps) rounded in float32 would leave a float64 hatch off by ~1e-8 per inserted layer.
+    mean, var = (_channel_stats(parent, producer, calib) if calib is not None
+                 else (ref.new_zeros(width), ref.new_ones(width)))
     eps = parent.get_submodule(producer).bn.eps
     new |= {f"{name}.bn.running_mean": mean, f"{name}.bn.running_var": var,
             f"{name}.bn.weight": (var + eps).sqrt(), f"{name}.bn.bias": mean}
-    ref = state["head.weight"]
-    return _child(parent, child_arch, {**state, **{k: v.to(ref) for k, v in new.items()}}, gen)
+    return _child(parent, child_arch, {**state, **new}, gen)
 
 
 def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
@@ -183,16 +185,23 @@ def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
     return _child(parent, replace(arch, blocks=tuple(map(tuple, blocks))), {**state, name: grown}, None)
 
 
+def _spread(w: torch.Tensor) -> torch.Tensor:
+    """The scale of a weight tensor's noise: its std, or its RMS where the std is undefined (one element) or zero
+    (all replicas of one value, exactly the symmetry that the noise must break)."""
+    std = w.std() if w.numel() > 1 else w.new_zeros(())
+    return std if std > 0 else w.pow(2).mean().sqrt()
+
+
 @torch.no_grad()
 def add_noise(parent: Net, amount: float, calib: torch.Tensor, gen: torch.Generator | None = None,
               tolerance: float = 0.02) -> Net:
-    """Symmetry breaking: adds Gaussian noise to every conv/linear weight (each scaled by its tensor's std),
+    """Symmetry breaking: adds Gaussian noise to every conv/linear weight (each scaled by `_spread` of it),
     sized so the eval-mode logits on `calib` move by `amount` relative RMS (within `tolerance` of it)."""
     if amount < 0:
         raise ValueError(f"noise: amount must be >= 0, got {amount}")
     state = parent.state_dict()
     names = [n for n, p in parent.named_parameters() if p.dim() > 1]
-    direction = {n: torch.randn(state[n].shape, generator=gen).to(state[n]) * state[n].std() for n in names}
+    direction = {n: torch.randn(state[n].shape, generator=gen).to(state[n]) * _spread(state[n]) for n in names}
     child = _child(parent, parent.arch, state, None).eval()
     reference = child(calib)
 
@@ -231,11 +240,18 @@ def check_reachable(mother: Arch, member: Arch) -> None:
             if any(t < m for m, t in zip(ms.blocks, ts.blocks)):
                 raise ValueError(f"cannot hatch {where}: a residual block of stage {s} is narrower than the mother's")
         return
-    pairs = ([(mb, tb) for mb, tb in zip(mother.blocks, member.blocks)] if isinstance(member, VGG)
-             else [([Conv(w) for w in mother.hidden], [Conv(w) for w in member.hidden])])
-    if isinstance(member, VGG) and len(member.blocks) != len(mother.blocks):
+    if isinstance(member, MLP):
+        if len(member.hidden) < len(mother.hidden):
+            raise ValueError(f"cannot hatch {where}: fewer hidden layers than the mother's")
+        for i, width in enumerate(member.hidden):
+            needs = mother.hidden[min(i, len(mother.hidden) - 1)]
+            if width < needs:
+                raise ValueError(f"cannot hatch {where}: hidden layer {i} is narrower than the mother's "
+                                 f"(needs width >= {needs})")
+        return
+    if len(member.blocks) != len(mother.blocks):
         raise ValueError(f"cannot hatch {where}: different numbers of blocks")
-    for b, (mb, tb) in enumerate(pairs):
+    for b, (mb, tb) in enumerate(zip(mother.blocks, member.blocks)):
         if len(tb) < len(mb):
             raise ValueError(f"cannot hatch {where}: block {b} has fewer layers than the mother's")
         for i, t in enumerate(tb):

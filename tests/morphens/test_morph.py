@@ -93,6 +93,19 @@ def test_calibrated_identity_layer_is_the_identity_in_train_mode_on_its_batch():
     assert (plain(X) - parent(X)).abs().max() > 1e-2  # uncalibrated, it standardizes its input in train mode
 
 
+@pytest.mark.parametrize("family", ["vgg", "mlp"])
+def test_uncalibrated_identity_layers_are_exact_in_float64(family):
+    """Three identity layers in a float64 net: BatchNorm's sqrt(1 + eps) must be rounded in float64 too (built in
+    float32, each layer was off by ~1e-8, far above float64 rounding)."""
+    parent = trained_looking(NETS[family]).double()
+    child = parent
+    for _ in range(3):
+        child = deepen(child, 0)
+    x = X.double()
+    assert child.head.weight.dtype == torch.float64
+    torch.testing.assert_close(child.eval()(x), parent(x), atol=1e-12, rtol=0)
+
+
 def test_grow_kernel_is_exact_in_eval_and_train_mode():
     parent = trained_looking(NETS["vgg"])
     for block, layer, kernel in ((0, 0, 5), (0, 1, 7), (1, 0, 7)):
@@ -112,6 +125,21 @@ def test_noise_moves_logits_by_the_asked_amount(amount):
     moved = float((child(X) - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
     assert abs(moved / amount - 1) < 0.02
     assert all(torch.equal(before[k], v) for k, v in parent.state_dict().items())
+
+
+@torch.no_grad()
+def test_noise_on_one_element_and_replicated_weights_stays_finite_and_breaks_symmetry():
+    """A 1x1x1x1 conv has no std (one element) and its three replicas after widening have std 0: the noise still
+    moves the logits by the asked amount, and the replicas come apart."""
+    x = torch.randn(8, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    mother = trained_looking(VGG((1, 4, 4), 2, ((Conv(1, 1),),)))
+    for net in (mother, widen(mother, ("conv", 0, 0), 3)):
+        child = add_noise(net, 0.01, x, torch.Generator().manual_seed(0)).eval()
+        weight = child.state_dict()["layers.0.0.conv.weight"]
+        assert torch.isfinite(weight).all()
+        moved = float((child(x) - net(x)).pow(2).mean().sqrt() / net(x).pow(2).mean().sqrt())
+        assert abs(moved / 0.01 - 1) < 0.02
+    assert weight.flatten().unique().numel() == 3
 
 
 @pytest.mark.parametrize("family", ["vgg", "resnet", "mlp"])
@@ -165,6 +193,20 @@ def test_unreachable_members_are_refused_with_the_reason(member, message):
         check_reachable(NETS["vgg"], member)
     with pytest.raises(ValueError, match="cannot hatch"):
         hatch(build(NETS["vgg"]), member)
+
+
+@pytest.mark.parametrize(
+    "member, message",
+    [
+        (MLP(SHAPE, 5, (16,)), "fewer hidden layers than the mother's$"),
+        (MLP(SHAPE, 5, (16, 6)), r"hidden layer 1 is narrower than the mother's \(needs width >= 8\)$"),
+        (MLP(SHAPE, 5, (16, 8, 7)), r"hidden layer 2 is narrower than the mother's \(needs width >= 8\)$"),
+    ],
+)
+def test_unreachable_mlps_are_refused_in_terms_of_hidden_layers(member, message):
+    """MLPs have hidden layers, not blocks or kernels: the reason says so."""
+    with pytest.raises(ValueError, match=message):
+        check_reachable(NETS["mlp"], member)
 
 
 def test_morphisms_refuse_to_shrink():

@@ -6,7 +6,7 @@ import pytest
 from tests.titan.conftest import run_train
 
 from morphens.config import load_config
-from morphens.run import independent, mothernets, prepare
+from morphens.experiment import independent, mothernets, prepare
 from morphens.spec import SPEC
 from morphens.train import eval_labels
 

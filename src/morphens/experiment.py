@@ -1,0 +1,167 @@
+"""The experiment: MotherNets (cluster, train one mother per cluster, hatch and briefly train each member) and the
+independent baseline (every member from scratch) at each ensemble size of a sweep, measured side by side."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe
+from morphens.config import RunConfig
+from morphens.data import Dataset, Loader, derived_seed, load
+from morphens.models import num_params
+from morphens.morph import hatch
+from morphens.mother import cluster, mother_of
+from morphens.spread import gather_group, gathered, my_members, spreading
+from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
+from titan.components.metrics.throughput import cpu_peak_tflops
+from titan.distributed.runtime import init_distributed
+
+INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
+"""Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
+
+
+def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
+    e = cfg.ensemble
+    if e.members:
+        return [arch_from_dict(m, data.in_shape, data.num_classes) for m in e.members]
+    return e.generator().sample(max(cfg.run.sizes or [e.size]), data.in_shape, data.num_classes, e.seed)
+
+
+def log(msg: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def scratch(cfg: RunConfig, data: Dataset, arch: Arch, i: int, solo: bool = False) -> Fit:
+    """Member i trained from scratch for training.epochs (its seeds depend only on i)."""
+    t = cfg.training
+    return fit(seeded(arch, t.seed * 1000 + i), data, cfg, t.epochs, t.lr, derived_seed(t.seed, INDEPENDENT, i),
+               f"independent-{i}", solo)
+
+
+def scored(cfg: RunConfig, data: Dataset, run: Fit, labels: torch.Tensor, param_epochs: float) -> dict:
+    probs = predict(run.net, data, cfg.data.test_limit)
+    return {"probs": probs, "acc": accuracy(probs, labels), "seconds": run.seconds, "cpu_seconds": run.cpu_seconds,
+            "flops": run.flops, "param_epochs": param_epochs}
+
+
+def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> list[dict]:
+    """Each member from scratch (spread over the ranks with `training.spread members`); one entry per member."""
+    mine = {i: scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
+                      num_params(members[i]) * cfg.training.epochs) for i in my_members(cfg, len(members))}
+    out = gathered(cfg, mine)
+    for i, (arch, r) in enumerate(zip(members, out)):
+        log(f"  independent {i}: {describe(arch)} acc {r['acc']:.2f}% in {r['seconds']:.1f}s")
+    return out
+
+
+def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
+    """Clusters the members and trains one mother per cluster on all ranks (with `mothernet.snapshots` > 1,
+    followed by warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and
+    trains every member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
+    mother and trains as it would independently. Times count training and hatching, not evaluation, as for
+    the independent members."""
+    m, t = cfg.mothernet, cfg.training
+    flops = seconds = cpu_seconds = param_epochs = 0.0
+    calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
+    groups = cluster(members, m.clusters_for(len(members)))
+    mothers: list[dict] = []
+    trained = {}
+    for c, idx in enumerate(groups):
+        arch = mother_of([members[i] for i in idx])
+        mothers.append({"arch": describe(arch), "members": idx})
+        if len(idx) == 1:
+            continue
+        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr,
+                    derived_seed(t.seed, MOTHER, c), f"mother-{c}-of-{len(members)}")]
+        for s in range(1, min(m.snapshots, len(idx))):  # each warm restart ends in a distinct, converged mother
+            runs.append(fit(runs[-1].net, data, cfg, m.snapshot_epochs, t.lr, derived_seed(t.seed, SNAPSHOT, c, s),
+                            f"mother-{c}-of-{len(members)}-snapshot-{s}"))
+        trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
+        flops += sum(r.flops for r in runs)
+        seconds, cpu_seconds = seconds + sum(r.seconds for r in runs), cpu_seconds + sum(r.cpu_seconds for r in runs)
+        param_epochs += num_params(arch) * (m.mother_epochs + (len(runs) - 1) * m.snapshot_epochs)
+        accs = [accuracy(predict(r.net, data, cfg.data.test_limit), labels) for r in runs]
+        mothers[-1]["acc"], mothers[-1]["snapshot_acc"] = accs[-1], accs
+        log(f"  mother {c} {describe(arch)} for members {idx}: acc " + ", ".join(f"{a:.2f}%" for a in accs))
+    mine = {}
+    for i in my_members(cfg, len(members)):
+        if i not in trained:
+            mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
+                             num_params(members[i]) * t.epochs)
+            continue
+        start, cpu_start = time.perf_counter(), time.process_time()
+        child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
+        hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+        run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
+                  f"hatched-{i}-of-{len(members)}", spreading(cfg))
+        mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
+        mine[i]["seconds"] += hatch_s
+        mine[i]["cpu_seconds"] += hatch_cpu_s
+    out = gathered(cfg, mine)
+    for i, r in enumerate(out):
+        log(f"    {'hatched' if i in trained else 'alone'} {i}: {describe(members[i])} acc {r['acc']:.2f}%")
+    for mother in mothers:
+        mother.setdefault("acc", out[mother["members"][0]]["acc"])
+    total = lambda key: sum(r[key] for r in out)
+    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": seconds + total("seconds"),
+            "cpu_s": cpu_seconds + total("cpu_seconds"), "member_acc": [r["acc"] for r in out],
+            "ensemble_acc": ensemble_accuracy([r["probs"] for r in out], labels), "train_cost": flops + total("flops"),
+            "param_epochs": param_epochs + total("param_epochs"), "clusters": len(groups),
+            "mothers": mothers}
+
+
+def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
+    """Everything that can be wrong with the input, checked before any training: data, members, sizes, g."""
+    data = load(cfg.data.dataset, cfg.data.path, cfg.data.download)
+    members = members_of(cfg, data)
+    sizes = cfg.run.sizes or [len(members)]
+    if max(sizes) > len(members):
+        raise ValueError(f"run.sizes: {max(sizes)} exceeds the {len(members)} explicit members")
+    for k in sizes:
+        if cfg.mothernet.clusters_for(k) > k:
+            raise ValueError(f"mothernet.clusters: g={cfg.mothernet.clusters} is larger than the ensemble size {k}; "
+                             "use g <= K")
+        for idx in cluster(members[:k], cfg.mothernet.clusters_for(k)):
+            mother_of([members[i] for i in idx])
+    return data, members, sizes
+
+
+def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[int]) -> list[dict]:
+    """MotherNets at every size, and the independent baseline (its first k members) beside each."""
+    torch.set_num_threads(cfg.training.threads or torch.get_num_threads())
+    if cfg.training.spread == "members":
+        init_distributed()  # ranks exchange members' results: join torchrun's process group before any net trains
+        if spreading(cfg):
+            gather_group()
+    # The first optimizer step in a process imports torch._dynamo (~3 s): pay it before anything is timed.
+    warm = torch.nn.Parameter(torch.zeros(1))
+    warm.grad = torch.zeros(1)
+    torch.optim.AdamW([warm]).step()
+    if cfg.training.engine == "titan":
+        cpu_peak_tflops()  # titan's MFU measures it once per process: not inside the first member's time
+    labels = eval_labels(data, cfg.data.test_limit)
+    log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
+        + ", ".join(describe(a) for a in members[:max(sizes)]))
+    results = []
+    base = independent(cfg, data, members[:max(sizes)], labels) if cfg.run.baseline else []
+    for k in sizes:
+        log(f"K={k}: MotherNets with g={cfg.mothernet.clusters_for(k)}")
+        mn = mothernets(cfg, data, members[:k], labels)
+        mn["members"] = [arch_to_dict(a) for a in members[:k]]
+        results.append(mn)
+        if base:
+            mine = base[:k]
+            ind = {"method": "independent", "ensemble_size": k, "wall_s": sum(r["seconds"] for r in mine),
+                   "cpu_s": sum(r["cpu_seconds"] for r in mine),
+                   "member_acc": [r["acc"] for r in mine],
+                   "ensemble_acc": ensemble_accuracy([r["probs"] for r in mine], labels),
+                   "train_cost": sum(r["flops"] for r in mine), "param_epochs": sum(r["param_epochs"] for r in mine)}
+            mn["cost_ratio"] = ind["train_cost"] / mn["train_cost"]
+            mn["wall_ratio"] = ind["wall_s"] / mn["wall_s"]
+            mn["cpu_ratio"] = ind["cpu_s"] / mn["cpu_s"]
+            results.append(ind)
+    return results

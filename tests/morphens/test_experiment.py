@@ -1,0 +1,113 @@
+"""The experiment: MotherNets and the independent baseline, their seeds, snapshots and clusters."""
+
+import json
+
+import pytest
+import torch
+
+from morphens import experiment
+from morphens.arch import forward_flops
+from morphens.config import load_config
+from morphens.experiment import independent, mothernets, prepare
+from morphens.morph import hatch
+from morphens.mother import mother_of
+from morphens.train import eval_labels, steps_for
+
+
+def tiny_mlp_ensemble(tmp_path, settings: dict[str, str]):
+    """(config, data, members) of a quick local-engine MLP ensemble on digits; `settings` override the defaults."""
+    defaults = {"data.dataset": "digits", "ensemble.family": "mlp", "training.batch_size": "64",
+                "training.engine": "local", "mothernet.hatch_epochs": "0.1", "run.out": str(tmp_path)}
+    cfg = load_config("", list({**defaults, **settings}.items()))
+    data, members, _ = prepare(cfg)
+    return cfg, data, members
+
+
+def test_hatched_members_reach_independent_accuracy_in_fewer_epochs(tmp_path):
+    """Digits MLPs through the titan engine: members hatched from a (cheap, long-trained) mother and trained 2
+    epochs match members trained 12 epochs from scratch; members trained 2 epochs from scratch are far worse."""
+    overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "3", "ensemble.width": "6",
+                 "ensemble.spread": "1.5", "ensemble.max_depth": "2", "training.batch_size": "64",
+                 "training.epochs": "12", "mothernet.mother_epochs": "24", "mothernet.hatch_epochs": "2",
+                 "run.out": str(tmp_path)}
+    cfg = load_config("", list(overrides.items()))
+    data, members, _ = prepare(cfg)
+    labels = eval_labels(data)
+    mean = lambda accs: sum(accs) / len(accs)
+    from_scratch = mean([r["acc"] for r in independent(cfg, data, members, labels)])
+    hatched = mean(mothernets(cfg, data, members, labels)["member_acc"])
+    assert hatched >= from_scratch - 1.0
+    cfg.training.epochs = 2
+    assert mean([r["acc"] for r in independent(cfg, data, members, labels)]) < hatched - 5.0
+
+
+def test_json_config_gives_the_same_members_as_toml(tmp_path):
+    members = [{"family": "mlp", "hidden": [64, 32]}, {"family": "mlp", "hidden": [48]}]
+    (tmp_path / "c.json").write_text(json.dumps({"data": {"dataset": "digits"}, "ensemble": {"members": members}}))
+    cfg = load_config(str(tmp_path / "c.json"))
+    _, parsed, sizes = prepare(cfg)
+    assert [a.hidden for a in parsed] == [(64, 32), (48,)] and sizes == [2]
+
+
+def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(monkeypatch, tmp_path):
+    """snapshots = 2: member j hatches from snapshot j % 2, two distinct mothers; the extra cycle is paid for."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "3", "mothernet.mother_epochs": "1",
+                                                      "mothernet.noise": "0", "mothernet.snapshot_epochs": "1"})
+    labels = eval_labels(data)
+    single = mothernets(cfg, data, members, labels)
+    hatched_from = []
+
+    def spy(mother, *args, **kw):
+        hatched_from.append(mother)
+        return hatch(mother, *args, **kw)
+
+    monkeypatch.setattr(experiment, "hatch", spy)
+    cfg.mothernet.snapshots = 2
+    out = mothernets(cfg, data, members, labels)
+    first, second, third = hatched_from
+    assert first is third and first is not second
+    assert not torch.equal(first.state_dict()["head.weight"], second.state_dict()["head.weight"])
+    assert len(out["mothers"][0]["snapshot_acc"]) == 2
+    cycle = 3.0 * forward_flops(mother_of(members)) * steps_for(1, data, cfg) * cfg.training.batch_size
+    assert out["train_cost"] == pytest.approx(single["train_cost"] + cycle)
+
+
+def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tmp_path):
+    """12 snapshots: with seed offsets, cycle 10 used to repeat hatched member 0's order."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "12", "training.epochs": "0.1",
+                                                      "mothernet.mother_epochs": "0.1", "mothernet.snapshots": "12",
+                                                      "mothernet.snapshot_epochs": "0.1"})
+    seeds = []
+    real_fit = experiment.fit
+
+    def spy(net, data, cfg, epochs, lr, seed, name, solo=False):
+        seeds.append(seed)
+        return real_fit(net, data, cfg, epochs, lr, seed, name, solo)
+
+    monkeypatch.setattr(experiment, "fit", spy)
+    labels = eval_labels(data)
+    independent(cfg, data, members, labels)
+    mothernets(cfg, data, members, labels)
+    assert len(seeds) == 12 + 12 + 12 and len(set(seeds)) == len(seeds)
+
+
+def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
+    """g = 2, snapshots = 2, four members: four distinct snapshot mothers, two per cluster, one per member pair."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "4", "mothernet.mother_epochs": "0.2",
+                                                      "mothernet.snapshot_epochs": "0.2", "mothernet.clusters": "2",
+                                                      "mothernet.snapshots": "2"})
+    hatched_from = {}
+
+    def spy(mother, member, **kw):
+        hatched_from[members.index(member)] = mother
+        return hatch(mother, member, **kw)
+
+    monkeypatch.setattr(experiment, "hatch", spy)
+    out = mothernets(cfg, data, members, eval_labels(data))
+    assert [len(m["snapshot_acc"]) for m in out["mothers"]] == [2, 2]
+    assert len({id(m) for m in hatched_from.values()}) == 4
+    for mother in out["mothers"]:
+        first, second = (hatched_from[i] for i in mother["members"])
+        assert first.arch == mother_of([members[i] for i in mother["members"]]) == second.arch
+
+
