@@ -20,6 +20,8 @@ from torch.distributed.tensor._ops.single_dim_strategy import _ShardingPlacehold
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._context_parallel import _attention
 
+from titan.protocols.model import ContextParallelModel
+
 aten = torch.ops.aten
 SEQ_DIM = 2  # q, k, v are (batch, heads, seq, head_dim) inside SDPA
 CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -74,12 +76,12 @@ def sequence_sharded(cp_mesh: DeviceMesh, model_parts: list[nn.Module], inputs: 
                      labels: torch.Tensor):
     """Shards inputs, labels (dim 1) and the models' positional buffers (dim 0) for the enclosed step.
 
-    Models name their sequence-indexed buffers in `context_parallel_buffers` (e.g. the RoPE table), whose
-    length must equal the training sequence length.
+    A model names its sequence-indexed buffers as a `ContextParallelModel`; their length must equal the
+    training sequence length.
     """
     buffers, dims = [inputs, labels], [1, 1]
     for part in model_parts:
-        for name in getattr(part, "context_parallel_buffers", ()):
+        for name in part.context_parallel_buffers if isinstance(part, ContextParallelModel) else ():
             buffers.append(getattr(part, name))
             dims.append(0)
     with context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=dims, no_restore_buffers={inputs, labels}):

@@ -27,3 +27,11 @@ class PipelineModel(TrainableModel, Protocol):
     layers: nn.ModuleDict
     pipeline_first_modules: tuple[str, ...]
     pipeline_last_modules: tuple[str, ...]
+
+
+@runtime_checkable
+class ContextParallelModel(Protocol):
+    """A model with sequence-indexed buffers (e.g. the RoPE table, as long as training.seq_len) that context
+    parallel shards along with the sequence."""
+
+    context_parallel_buffers: tuple[str, ...]
