@@ -4,9 +4,14 @@ The TOML below is written here from the key names of TorchTitan v0.2.2's JobConf
 (torchtitan/config/job_config.py) and the values of its llama3 train_configs; it is not a copy of those files.
 """
 
+import json
+import math
+
 import pytest
 
+from tests.titan.conftest import read_metrics, run_train
 from titan.config import ConfigError, parse_args
+from titan.train import main
 
 # Every Llama-relevant key of v0.2.2's JobConfig, at the values its llama3 files use (or its defaults).
 TORCHTITAN_TOML = """
@@ -210,3 +215,31 @@ def test_what_would_compute_otherwise_is_refused_in_one_line(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
         parse_args(override)
     assert "\n" not in str(e.value)
+
+
+def test_a_torchtitan_debug_config_trains_three_steps_with_wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    path = write(tmp_path, TORCHTITAN_TOML.replace("enable_wandb = false", "enable_wandb = true").replace(
+        "enable_tensorboard = false", "enable_tensorboard = true"))
+    proc = run_train(["--config", str(path), "--metrics.cpu_peak_tflops", "1"])
+    assert "warning" not in proc.stderr
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # TorchTitan's warmup: step s (from 0) of w warmup steps runs at lr x (s + 1) / (w + 1).
+    assert records[0]["lr"] == pytest.approx(8e-4 * 2 / 3)
+    assert all(math.isfinite(r["loss"]) for r in records)
+    assert "float8 rowwise: swapped" in proc.stdout
+    assert list((tmp_path / "run" / "tb_here").glob("events.out.tfevents.*"))
+    (run_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = run_file.read_bytes()
+    assert all(json.dumps(r["loss"]).encode() in logged for r in records)
+
+
+def test_torchtitan_datasets_fail_in_one_line_naming_the_override(tmp_path, capsys):
+    code = main(["--training.dataset", "c4_test", "--job.dump_folder", str(tmp_path / "run"),
+                 "--metrics.cpu_peak_tflops", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith("error: training.dataset 'c4_test'") and "--training.dataset wiki_offline" in err
