@@ -106,8 +106,13 @@ def _same(value: Any, default: Any) -> bool:
     return text == str(default).lower() or (default in (None, "", []) and text in ("", "none", "[]"))
 
 
+_WARNED: set[str] = set()
+
+
 def _warn(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
+    """Once per process (an entry point may parse the same config twice), on rank 0."""
+    if int(os.environ.get("RANK", "0")) == 0 and message not in _WARNED:
+        _WARNED.add(message)
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
