@@ -225,14 +225,14 @@ def test_a_torchtitan_debug_config_trains_three_steps_with_wandb_offline(tmp_pat
     monkeypatch.setenv("WANDB_SILENT", "true")
     path = write(tmp_path, TORCHTITAN_TOML.replace("enable_wandb = false", "enable_wandb = true").replace(
         "enable_tensorboard = false", "enable_tensorboard = true"))
-    proc = run_train(["--config", str(path), "--metrics.cpu_peak_tflops", "1"])
+    # float8 is emulated on a CPU, 6-7x slower: its conversion is covered by the loading test above.
+    proc = run_train(["--config", str(path), "--metrics.cpu_peak_tflops", "1", "--float8.enable", "false"])
     assert "warning" not in proc.stderr
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 2, 3]
     # TorchTitan's warmup: step s (from 0) of w warmup steps runs at lr x (s + 1) / (w + 1).
     assert records[0]["lr"] == pytest.approx(8e-4 * 2 / 3)
     assert all(math.isfinite(r["loss"]) for r in records)
-    assert "float8 rowwise: swapped" in proc.stdout
     assert list((tmp_path / "run" / "tb_here").glob("events.out.tfevents.*"))
     (run_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
     logged = run_file.read_bytes()
