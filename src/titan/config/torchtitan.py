@@ -79,9 +79,12 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "debug.deterministic_warn_only": (False, "debug.deterministic always warns only"),
     "debug.moe_force_load_balance": (False, "Llama has no experts"),
 }
-# Whole subsections that only other models or converters read.
-NO_EFFECT_PREFIXES = ("quantize.linear.mx.", "quantize.grouped_mm.", "training.dataloader.",
-                      "validation.dataloader.", "fault_tolerance.")
+for _section in ("training", "validation"):
+    for _key, _default in (("num_workers", 0), ("persistent_workers", False), ("pin_memory", False),
+                           ("prefetch_factor", None)):
+        NO_EFFECT[f"{_section}.dataloader.{_key}"] = (_default, "token blocks come from memory, without workers")
+# Subsections that act only through something refused above (converters mx, fault_tolerance.enable): silent.
+SILENT_PREFIXES = ("quantize.linear.mx.", "quantize.grouped_mm.", "fault_tolerance.")
 
 # Keys whose non-default values would compute something else: (TorchTitan's default, why and what to do).
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -103,8 +106,13 @@ def _same(value: Any, default: Any) -> bool:
     return text == str(default).lower() or (default in (None, "", []) and text in ("", "none", "[]"))
 
 
+_WARNED: set[str] = set()
+
+
 def _warn(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
+    """Once per process (an entry point may parse the same config twice), on rank 0."""
+    if int(os.environ.get("RANK", "0")) == 0 and message not in _WARNED:
+        _WARNED.add(message)
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
@@ -116,8 +124,10 @@ def translate(name: str, value: Any, from_cli: bool) -> list[tuple[str, Any]]:
         if not _same(value, default):
             raise ValueError(f"{name} = {value!r} is not supported: {why}")
         return []
-    if name in NO_EFFECT or name.startswith(NO_EFFECT_PREFIXES):
-        default, what = NO_EFFECT.get(name, (None, "only other models or converters read it"))
+    if name.startswith(SILENT_PREFIXES):
+        return []
+    if name in NO_EFFECT:
+        default, what = NO_EFFECT[name]
         if not _same(value, default):
             _warn(f"{name} = {value!r} has no effect here: {what}")
         return []

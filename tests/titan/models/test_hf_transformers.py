@@ -34,7 +34,6 @@ CONFIGS = {
     "llama3-factor32-ctx512-odd-ffn": dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=97,
                                            rms_norm_eps=1e-6, rope_parameters=llama3_rope(32.0, 512, 2.0, 8.0)),
 }
-MAX_DIFF: dict[str, float] = {}
 
 
 def hf_model(name, seed=0):
@@ -72,7 +71,6 @@ def test_import_gives_transformers_logits(name, tmp_path):
     want = hf_logits(model, tokens)
     got = titan_logits(args, load_hf_weights(tmp_path, args), tokens)
     diff = (got - want).abs().max().item()
-    MAX_DIFF[f"import {name}"] = diff
     print(f"import {name}: max |logit diff| {diff:.2e} (logits up to {want.abs().max():.2f})")
     assert diff < TOL
 
@@ -117,7 +115,6 @@ def test_export_loads_in_transformers_with_the_same_logits(name, shard_bytes, tm
         "dtype"] == "float64"
     tokens = torch.randint(0, 101, (2, T), generator=torch.Generator().manual_seed(3))
     diff = (hf_logits(exported, tokens) - titan_logits(args, state, tokens)).abs().max().item()
-    MAX_DIFF[f"export {name}{' sharded' if shard_bytes else ''}"] = diff
     print(f"export {name}: max |logit diff| {diff:.2e}")
     assert diff < TOL
 
