@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli
-
 from morphens.arch import Generator
 from morphens.data import DATASETS
+from titan.compat import tomllib
 from titan.config.manager import check_toml_value, describe_type, field_docs, from_string
 
 
@@ -191,8 +190,8 @@ def load_config(path: str = "", overrides: list[tuple[str, str]] = ()) -> RunCon
             raise ValueError(f"config file {path} does not exist")
         json_file = path.endswith(".json")
         try:
-            toml = (json.loads if json_file else tomli.loads)(Path(path).read_text())
-        except (tomli.TOMLDecodeError, json.JSONDecodeError) as e:
+            toml = (json.loads if json_file else tomllib.loads)(Path(path).read_text())
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"config file {path} is not valid {'JSON' if json_file else 'TOML'}: {e}") from None
     sections = _sections()
     items = [(f"{s}.{k}", v, False) for s, table in toml.items() for k, v in (table.items() if isinstance(

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tomli
+from titan.compat import tomllib
 
 RECIPES: dict[str, dict[str, str]] = {
     "baseline": {},
@@ -72,8 +72,8 @@ def load_recipes(path: str | None) -> dict[str, dict[str, str]]:
     if path:
         try:
             with open(path, "rb") as f:
-                tables = tomli.load(f)
-        except (OSError, tomli.TOMLDecodeError) as e:
+                tables = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
             raise CompareError(f"--recipes-file {path}: {e}") from None
         for name, table in tables.items():
             if not isinstance(table, dict):

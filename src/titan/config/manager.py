@@ -11,8 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli
-
+from titan.compat import tomllib
 from titan.config.job_config import JobConfig
 
 
@@ -124,8 +123,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist; pass --config with a path to a .toml file")
     try:
         with p.open("rb") as f:
-            return tomli.load(f)
-    except tomli.TOMLDecodeError as e:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text") from None
