@@ -39,20 +39,25 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-CPU_PEAK_SIZES = (1024, 2048, 3072)
-"""Square bf16 matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096 here)."""
+CPU_PEAK_SIZES = (256, 1024, 2048, 3072)
+"""Square bf16 matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096; a CPU without bf16
+units is ~1000x slower and stops after the small ones, see the time budget)."""
 
 
 def measure_matmul_peak_tflops(device: torch.device | str = "cpu", sizes: tuple[int, ...] = CPU_PEAK_SIZES,
-                               repeats: int = 5) -> dict[int, float]:
+                               repeats: int = 5, budget_s: float = 3.0) -> dict[int, float]:
     """Best bf16 matmul TFLOP/s per size on `device` (this process's threads on a CPU), random operands.
 
     Best of `repeats` timed products after one warm-up, per size: interference from other jobs only ever slows a
-    product down, so the fastest one is the closest to what the hardware can do.
+    product down, so the fastest one is the closest to what the hardware can do. Sizes go up while the
+    products predicted from the rate so far fit in `budget_s`; the first size is always measured.
     """
     device = torch.device(device)
-    rates = {}
+    rates: dict[int, float] = {}
+    start = perf_counter()
     for n in sizes:
+        if rates and (repeats + 1) * 2 * n**3 / max(rates.values()) / 1e12 > budget_s - (perf_counter() - start):
+            break
         a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
         b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
         best = float("inf")
