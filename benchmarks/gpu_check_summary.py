@@ -20,7 +20,8 @@ def titan_section(t: dict) -> list[str]:
              f"bf16 matmul peak measured in this run: {t['measured_peak_tflops']:.4g} TFLOP/s (best over sizes "
              f"{', '.join(str(n) for n in t['matmul_peak_tflops'])}); device table peak: "
              f"{_f(t['table_peak_tflops'], '.0f')} TFLOP/s.", "",
-             "| recipe | tokens/s | MFU % (table peak) | MFU % (measured peak) | peak memory GiB | loss @ last | speedup |",
+             "| recipe | tokens/s | MFU % (table peak) | MFU % (measured peak) | peak memory GiB | loss @ last "
+             "| speedup |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in t["recipes"]:
         if not r.get("ok"):
@@ -32,7 +33,8 @@ def titan_section(t: dict) -> list[str]:
     if not t["recipes"]:
         lines.append("| (titan.compare wrote no table: see log.txt) | | | | | | |")
     ck, prof = t["checkpoint"], t["profile"]
-    lines += ["", f"Profiled run (exit {prof['exit_code']}): {', '.join(f'{k}: {v}' for k, v in prof['files'].items())}.",
+    files = ", ".join(f"{k}: {v}" for k, v in prof["files"].items())
+    lines += ["", f"Profiled run (exit {prof['exit_code']}): {files}.",
               f"DCP save (exit {ck['exit_code']}): a sync save blocks {_f(ck.get('full_save_s'), '.3f')} s, an async "
               f"one {_f(ck.get('blocked_per_save_s_async'), '.3f')} s (ratio "
               f"{_f(ck.get('blocked_async_vs_sync'), '.2f')}), state {_f(ck.get('state_mib'), ',.0f')} MiB.", ""]
@@ -51,10 +53,12 @@ def lcsm_section(lc: dict) -> list[str]:
 
 def morphens_section(m: dict) -> list[str]:
     lines = [f"## morphens (exit {m['exit_code']}; trains on the CPU, {m['threads']} threads)", "",
-             "| method | K | wall s | train cost GFLOP | ensemble acc |", "|---|---:|---:|---:|---:|"]
+             "| method | K | wall s | train cost GFLOP | ensemble acc % | independent / this: FLOPs, wall |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in m["results"] or []:
+        ratios = f"{_f(r.get('cost_ratio'), '.2f')}x, {_f(r.get('wall_ratio'), '.2f')}x" if "cost_ratio" in r else ""
         lines.append(f"| {r['method']} | {r['ensemble_size']} | {r['wall_s']:.1f} | {r['train_cost'] / 1e9:,.1f} | "
-                     f"{r['ensemble_acc']:.4f} |")
+                     f"{r['ensemble_acc']:.1f} | {ratios} |")
     return [*lines, ""]
 
 
