@@ -2,7 +2,9 @@
 so no session builds its own 5 GB torch environment: `pip install -e '.[data,dev]'` once, then `nox -s NAME`.
 """
 
+import os
 import sys
+from pathlib import Path
 
 import nox
 
@@ -35,6 +37,28 @@ def lcsm(session):
 def morphens(session):
     """MotherNets ensemble tests."""
     session.run(PY, "-m", "pytest", "-q", "tests/morphens", *session.posargs)
+
+
+OLDEST_SUPPORTED = {"torch": "2.11.0", "torchvision": "0.26.0"}
+"""The low end of pyproject's torch range; CI installs the high end (2.14.1)."""
+
+
+@nox.session
+def compat(session):
+    """The fast suite (or the tests named after `--`) on the oldest supported torch, in a venv of its own that is
+    kept between runs: $TITAN_COMPAT_VENV, default .nox/compat-torch-2.11 (created on first use: ~3 GB download)."""
+    venv = Path(os.environ.get("TITAN_COMPAT_VENV", ".nox/compat-torch-2.11")).absolute()
+    python = str(venv / "bin" / "python")
+    if not (venv / "bin" / "python").exists():
+        session.run(sys.executable, "-m", "venv", str(venv))
+    pins = Path(session.create_tmp()) / "oldest-torch.txt"
+    pins.write_text("".join(f"{name}=={version}\n" for name, version in OLDEST_SUPPORTED.items()))
+    # The pins as a constraint (replacing any machine-wide one): the project's other dependencies resolve
+    # against this torch instead of pulling the newest.
+    session.run(python, "-m", "pip", "install", "-q", "-e", ".[data,dev]", env={"PIP_CONSTRAINT": str(pins)})
+    session.run(python, "-c", "import torch, torchvision; print('compat: torch', torch.__version__, "
+                "'torchvision', torchvision.__version__)")
+    session.run(python, "-m", "pytest", "-q", *session.posargs, env={"PYTHONPATH": str(Path("src").absolute())})
 
 
 @nox.session

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tomli
+from titan.compat import tomllib
 
 RECIPES: dict[str, dict[str, str]] = {
     "baseline": {},
@@ -72,8 +72,8 @@ def load_recipes(path: str | None) -> dict[str, dict[str, str]]:
     if path:
         try:
             with open(path, "rb") as f:
-                tables = tomli.load(f)
-        except (OSError, tomli.TOMLDecodeError) as e:
+                tables = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
             raise CompareError(f"--recipes-file {path}: {e}") from None
         for name, table in tables.items():
             if not isinstance(table, dict):
@@ -169,6 +169,7 @@ def summarize(name: str, overrides: dict[str, str], runs: list[dict[str, Any]], 
         "tps": _median([rec["tps"] for rec in kept]),
         "tps_per_round": [_median([rec["tps"] for rec in r["records"] if rec["step"] > warmup]) for r in runs],
         "mfu": _median([rec.get("mfu") for rec in kept]),
+        "tflops": _median([rec.get("tflops") for rec in kept]),
         "memory_gib": max(rec["memory_gib"] for r in runs for rec in r["records"]),
         "final_step": last[0]["step"],
         "final_loss": _median([rec["loss"] for rec in last]),

@@ -15,7 +15,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-import tomli
+from titan.compat import tomllib
 
 C = TypeVar("C")
 # (dotted name, value, from_cli) -> the (section.key, value) pairs to set: spelling translations of a tool.
@@ -200,8 +200,8 @@ class ConfigManager(Generic[C]):
             if is_json:
                 return json.loads(p.read_text())
             with p.open("rb") as f:
-                return tomli.load(f)
-        except (tomli.TOMLDecodeError, json.JSONDecodeError) as e:
+                return tomllib.load(f)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"config file {path} is not valid {'JSON' if is_json else 'TOML'}: {e}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path} is not UTF-8 text") from None

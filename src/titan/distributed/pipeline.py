@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
+from titan.compat import torch_at_least
 from titan.tools.logging import logger
 
 V_SCHEDULES = {"ZBVZeroBubble", "DualPipeV"}
@@ -103,10 +104,19 @@ def microbatch_count(job_config) -> int:
     return local_batch // pcfg.pipeline_parallel_microbatch_size
 
 
+def check_schedule_supported(schedule: str, device: torch.device) -> None:
+    """Refuses, in one line, a schedule that the running torch cannot run on this device's backend."""
+    if schedule == "ZBVZeroBubble" and device.type == "cpu" and not torch_at_least("2.12"):
+        # Seen with torch 2.11: its first send fails with gloo's "Pair is not connected"; 2.14.1 runs it exactly.
+        raise ValueError(f"parallelism.pipeline_parallel_schedule ZBVZeroBubble needs torch >= 2.12 on gloo "
+                         f"(this is {torch.__version__}); use Interleaved1F1B or a newer torch")
+
+
 def build_schedule(parts: list[nn.Module], stage_ids: list[int], num_stages: int, parallel_dims, job_config,
                    device: torch.device, loss_fn: Callable):
     """PipelineStages for this rank's parts and the configured schedule over them."""
     pcfg = job_config.parallelism
+    check_schedule_supported(pcfg.pipeline_parallel_schedule, device)
     n_microbatches = microbatch_count(job_config)
     pp_group = parallel_dims.world_mesh["pp"].get_group()
     stages = [PipelineStage(part, stage, num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)]

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from titan.compat import set_group_timeout
 from titan.tools.logging import logger
 
 
@@ -107,7 +108,7 @@ def set_pg_timeouts(timeout_seconds: int, mesh: DeviceMesh | None) -> list[dist.
         groups += [mesh.get_group(name) for name in mesh._flatten_mapping]
     unique = list({id(g): g for g in groups}.values())
     for group in unique:
-        dist.set_timeout(timedelta(seconds=timeout_seconds), group)
+        set_group_timeout(timedelta(seconds=timeout_seconds), group)
     logger.info(f"collective timeout now {timeout_seconds} s on {len(unique)} process group(s)")
     return unique
 

@@ -2,8 +2,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 
 from lcsm.inference.tau import TAUS, build_tau, triton_available
 
@@ -56,7 +58,11 @@ for U in (1, 4, 16):
 
 def test_triton_tau_in_interpreter_matches_fft():
     """Triton reads TRITON_INTERPRET when it is imported, hence a fresh process."""
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
+    if Version(triton.__version__) < Version("3.7") and Version(np.__version__) >= Version("2.4"):
+        # Its interpreter calls int() on 1-element arrays, an error since numpy 2.4 (it passes with numpy 2.3);
+        # compiled for a GPU the kernel does not go through the interpreter.
+        pytest.skip(f"Triton {triton.__version__}'s interpreter fails under numpy {np.__version__}; needs numpy < 2.4")
     env = os.environ | {"TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from tests.titan.conftest import TINY, assert_same_run, losses, read_metrics, run_train
+from titan.compat import torch_at_least
+from titan.distributed import pipeline
 from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges
 from titan.models.llama3 import ModelArgs, Transformer
 
@@ -61,7 +63,9 @@ def four_layer_reference(module_tmp_path):
 
 
 # CI runs one single-stage, one looped and one V schedule; the rest run with `-m slow`.
-SCHEDULES = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", pytest.param("GPipe", marks=pytest.mark.slow),
+ZBV_ON_GLOO = pytest.mark.skipif(not torch_at_least("2.12"), reason="refused on gloo before torch 2.12")
+SCHEDULES = ["1F1B", "Interleaved1F1B", pytest.param("ZBVZeroBubble", marks=ZBV_ON_GLOO),
+             pytest.param("GPipe", marks=pytest.mark.slow),
              pytest.param("LoopedBFS", marks=pytest.mark.slow),
              pytest.param("InterleavedZeroBubble", marks=pytest.mark.slow)]
 
@@ -71,6 +75,18 @@ def test_pp2_schedule_matches_one_process(tmp_path, four_layer_reference, schedu
     run_train([*PP_ARGS, "--parallelism.pipeline_parallel_degree", "2",
                "--parallelism.pipeline_parallel_schedule", schedule, "--job.dump_folder", str(tmp_path)], nproc=2)
     assert_same_run(read_metrics(tmp_path), four_layer_reference)
+
+
+@pytest.mark.parametrize("version_ok, device, refused", [(False, "cpu", True), (True, "cpu", False),
+                                                          (False, "cuda", False)])
+def test_zbv_on_gloo_is_refused_in_one_line_before_torch_2_12(monkeypatch, version_ok, device, refused):
+    monkeypatch.setattr(pipeline, "torch_at_least", lambda version: version_ok if version == "2.12" else True)
+    pipeline.check_schedule_supported("Interleaved1F1B", torch.device(device))
+    if not refused:
+        pipeline.check_schedule_supported("ZBVZeroBubble", torch.device(device))
+        return
+    with pytest.raises(ValueError, match=r"ZBVZeroBubble needs torch >= 2.12 on gloo .*use Interleaved1F1B"):
+        pipeline.check_schedule_supported("ZBVZeroBubble", torch.device(device))
 
 
 @pytest.mark.slow

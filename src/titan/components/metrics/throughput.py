@@ -8,7 +8,7 @@ import os
 import platform
 import resource
 import sys
-import time
+from time import perf_counter
 
 import torch
 
@@ -39,24 +39,55 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def measure_cpu_peak_tflops(n: int = 2048, repeats: int = 5) -> float:
-    """Best bf16 matmul TFLOP/s of this process's threads: the ceiling a training step could reach."""
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e12
+CPU_PEAK_SIZES = (256, 1024, 2048, 3072)
+"""Square bf16 matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096; a CPU without bf16
+units is ~1000x slower and stops after the small ones, see the time budget)."""
+
+
+def measure_matmul_peak_tflops(device: torch.device | str = "cpu", sizes: tuple[int, ...] = CPU_PEAK_SIZES,
+                               repeats: int = 5, budget_s: float = 3.0) -> dict[int, float]:
+    """Best bf16 matmul TFLOP/s per size on `device` (this process's threads on a CPU), random operands.
+
+    Best of `repeats` timed products after one warm-up, per size: interference from other jobs only ever slows a
+    product down, so the fastest one is the closest to what the hardware can do. Sizes go up while the
+    products predicted from the rate so far fit in `budget_s`; the first size is always measured.
+    """
+    device = torch.device(device)
+    rates: dict[int, float] = {}
+    start = perf_counter()
+    for n in sizes:
+        if rates and (repeats + 1) * 2 * n**3 / max(rates.values()) / 1e12 > budget_s - (perf_counter() - start):
+            break
+        a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+        b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+        best = float("inf")
+        for i in range(repeats + 1):
+            _sync(device)
+            t0 = perf_counter()
+            a @ b
+            _sync(device)
+            elapsed = perf_counter() - t0
+            if i:  # the first product pays for allocation, packing and (on CUDA) the library's set-up
+                best = min(best, elapsed)
+        rates[n] = 2 * n**3 / best / 1e12
+    return rates
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def cpu_peak_tflops() -> float:
     """The best rate this CPU model and thread count has shown: measured once per process and thread count, and
     the cache keeps the maximum over runs, so a measurement taken while other jobs load the machine (too low,
     which would inflate MFU) gives way to the next better one."""
-    return _best_cpu_peak_tflops(f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}")
+    return _best_cpu_peak_tflops(cpu_peak_key())
+
+
+def cpu_peak_key() -> str:
+    """The cache's key: the CPU model, the thread count and the torch release (its matmul kernels)."""
+    return f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
 @functools.cache
@@ -68,7 +99,7 @@ def _best_cpu_peak_tflops(key: str) -> float:
             table = json.loads(path.read_text())
         except ValueError:
             table = {}
-    measured = measure_cpu_peak_tflops()
+    measured = max(measure_matmul_peak_tflops().values())
     if measured > table.get(key, 0.0):
         table[key] = measured
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # ranks of one job may write at once
@@ -89,3 +120,9 @@ def peak_memory_gib(device: torch.device) -> float:
         return torch.cuda.max_memory_reserved(device) / 2**30
     kib = 1 / 1024 if sys.platform == "darwin" else 1  # macOS reports bytes, Linux KiB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib / 2**20
+
+
+if __name__ == "__main__":
+    # `python -m titan.components.metrics.throughput`: measure the CPU peak again (best of this and the cache).
+    print(f"bf16 matmul peak, {cpu_peak_key()}: {cpu_peak_tflops():.3f} TFLOP/s "
+          f"(best so far, kept in {cache_dir() / 'cpu_peak_tflops.json'})")

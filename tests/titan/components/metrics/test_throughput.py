@@ -18,7 +18,7 @@ def test_gpu_peak_table(name, peak):
 def test_cpu_peak_is_measured_once_per_process_and_the_cache_keeps_the_best(tmp_path, monkeypatch):
     monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
     measurements = [0.5, 0.2, 0.7]  # three processes; the second ran on a loaded machine
-    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda: measurements.pop(0))
+    monkeypatch.setattr(throughput, "measure_matmul_peak_tflops", lambda: {1024: measurements.pop(0)})
     seen = []
     for _ in range(3):
         throughput._best_cpu_peak_tflops.cache_clear()  # a new process
@@ -29,9 +29,22 @@ def test_cpu_peak_is_measured_once_per_process_and_the_cache_keeps_the_best(tmp_
     assert list(json.loads((tmp_path / "cpu_peak_tflops.json").read_text()).values()) == [0.7]
 
 
-def test_measured_cpu_peak_is_a_plausible_matmul_rate():
-    tflops = throughput.measure_cpu_peak_tflops(n=256, repeats=2)
-    assert 1e-4 < tflops < 100
+def test_peak_is_the_fastest_product_per_size_after_the_warm_up(monkeypatch):
+    # A fake clock: each product of size n takes the next duration of its list; the first one (warm-up, 9 s) and
+    # the slow ones (a loaded machine) must not count, the fastest must.
+    durations = {64: [9.0, 0.4, 0.1, 0.3], 128: [9.0, 0.2, 0.8, 0.5]}
+    pairs = {n: [t for d in durations[n] for t in (0.0, d)] for n in durations}
+    ticks = iter([0.0, *pairs[64], 0.0, *pairs[128]])  # readings: start, size 64, the budget check, size 128
+    monkeypatch.setattr(throughput, "perf_counter", lambda: next(ticks))
+    rates = throughput.measure_matmul_peak_tflops("cpu", sizes=(64, 128), repeats=3, budget_s=60)
+    assert rates == pytest.approx({64: 2 * 64**3 / 0.1 / 1e12, 128: 2 * 128**3 / 0.2 / 1e12})
+
+
+def test_peak_measurement_stops_before_sizes_that_would_outlast_its_budget(monkeypatch):
+    clock = iter(range(1000))  # every reading one second later: each product of the first size takes 1 s
+    monkeypatch.setattr(throughput, "perf_counter", lambda: float(next(clock)))
+    # 1 s for 64^3 predicts 512 s for 512^3 per product: over a 30 s budget, so only the first size is measured.
+    assert list(throughput.measure_matmul_peak_tflops("cpu", sizes=(64, 512), repeats=2, budget_s=30)) == [64]
 
 
 def test_configured_cpu_peak_wins():
