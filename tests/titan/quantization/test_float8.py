@@ -164,7 +164,7 @@ def fsdp_all_gather_runs(module_tmp_path):
     out.mkdir()
     run_train([str(out / "runs.json"), *TINY, *CURVE, "--training.steps", "3", "--training.local_batch_size", "1",
                "--float8.enable", "--job.dump_folder", str(out / "run")],
-              nproc=2, module="tests.titan.test_float8", timeout=180)
+              nproc=2, module="tests.titan.quantization.test_float8", timeout=180)
     return json.loads((out / "runs.json").read_text())
 
 
