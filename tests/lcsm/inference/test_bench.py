@@ -7,8 +7,8 @@ from lcsm.inference.bench import main
 
 
 def test_bench_writes_records_and_plot(tmp_path, capsys):
-    argv = ["--lengths", "64", "128", "--methods", "lazy", "eager", "recompute", "flash", "flash_batched",
-            "flash_unbatched", "flash_fft", "--channels", "4", "--layers", "2", "--e2e-max-len", "64", "--batch", "1",
+    argv = ["--lengths", "32", "64", "--methods", "lazy", "eager", "recompute", "flash", "flash_batched",
+            "flash_unbatched", "flash_fft", "--channels", "4", "--layers", "2", "--e2e-max-len", "32", "--batch", "1",
             "3", "--out", str(tmp_path)]
     assert main(argv) == 0
     records = json.loads((tmp_path / "results.json").read_text())
@@ -17,18 +17,18 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
     keys = {"method", "seq_len", "batch", "channels", "layers", "mixer_s", "total_s", "max_abs_err"}
     assert all(keys <= r.keys() for r in records)
     assert {(r["part"], r["seq_len"], r["batch"]) for r in records} == {
-        (part, L, B) for part, L in [("mixer", 64), ("mixer", 128), ("e2e", 64)] for B in (1, 3)}
+        (part, L, B) for part, L in [("mixer", 32), ("mixer", 64), ("e2e", 32)] for B in (1, 3)}
     assert max(r["max_abs_err"] for r in records) < 1e-4
     e2e = [r for r in records if r["part"] == "e2e"]
     assert {r["method"] for r in e2e} == {"lazy", "eager", "recompute", "flash", "flash_batched", "flash_unbatched",
                                           "flash_fft"}
     assert all(0 < r["mixer_s"] < r["total_s"] for r in e2e)
     flash = [r for r in records if r["method"] == "flash"]
-    assert all(list(r["tiles"]) == ["16", "32"] if r["seq_len"] == 64 else ["16", "32", "64"] for r in flash)
+    assert all(list(r["tiles"]) == (["16"] if r["seq_len"] == 32 else ["16", "32"]) for r in flash)
     out = capsys.readouterr().out
     lazy, fast = (next(r for r in e2e if r["method"] == m and r["batch"] == 3) for m in ("lazy", "flash"))
-    assert f"e2e L=64 B=3: flash {lazy['total_s'] / fast['total_s']:.1f}x faster than lazy" in out
-    assert "tiles batched over slots" in out and "tiles of e2e flash B=3 L=64: 16: " in out
+    assert f"e2e L=32 B=3: flash {lazy['total_s'] / fast['total_s']:.1f}x faster than lazy" in out
+    assert "tiles batched over slots" in out and "tiles of e2e flash B=3 L=32: 16: " in out
 
 
 @pytest.mark.parametrize("argv,message", [(["--methods", "quick"], "unknown method 'quick'"),
