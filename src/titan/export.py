@@ -17,6 +17,7 @@ from pathlib import Path
 from titan.components.checkpoint import CheckpointError
 from titan.config import ConfigError, parse_args
 from titan.models.llama3.hf_adapter import from_hf, hf_config, to_hf
+from titan.tools.cli import UserError
 from titan.trainer import Trainer
 
 
@@ -26,10 +27,10 @@ def export_to_hf(argv: list[str], out_dir: Path) -> Path:
     config = parse_args([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
                          "--metrics.enable_tensorboard", "false"])
     if config.model.name != "llama3":
-        raise ValueError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
+        raise UserError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
     trainer = Trainer(config)
     if trainer.step == 0:
-        raise ValueError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
+        raise UserError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = to_hf(trainer.full_state_dict(), trainer.model_args)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
@@ -43,7 +44,7 @@ def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
 
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{hf_dir} holds no .safetensors files")
+        raise UserError(f"{hf_dir} holds no .safetensors files")
     hf_tensors = {}
     for f in files:
         hf_tensors.update(load_file(str(f)))
@@ -54,7 +55,7 @@ def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
     expected = set(probe.model.state_dict())
     if set(state) != expected:
         missing, extra = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
-        raise ValueError(f"{hf_dir} does not match {config.model.name}/{config.model.flavor}: "
+        raise UserError(f"{hf_dir} does not match {config.model.name}/{config.model.flavor}: "
                          f"missing {missing}, unexpected {extra}")
     trainer = Trainer(config, initial_state_dict=state)
     trainer.save_seed_checkpoint()

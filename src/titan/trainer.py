@@ -41,17 +41,20 @@ from titan.distributed.runtime import (
     world_size_from_env,
 )
 from titan.distributed.utils import clip_grad_norm_
+from titan.estimate.fit import check_memory, checkpoint_bytes
 from titan.models import get_model_spec
 from titan.protocols.model_spec import ModelSpec
-from titan.tools.fault import fault_point
+from titan.tools.cli import Interrupted, UserError
+from titan.tools.fault import check_faults, fault_point
 from titan.tools.logging import init_logger, logger
 from titan.tools.profiling import StepProfiler
+from titan.tools.signals import StopSignals
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError):
     """Training produced a NaN/Inf loss or gradient norm."""
 
 
@@ -62,7 +65,7 @@ def check_dump_folder_writable(folder: str) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise ValueError(f"job.dump_folder {folder} is not writable ({probe} is not a writable folder); "
+        raise UserError(f"job.dump_folder {folder} is not writable ({probe} is not a writable folder); "
                          "pass --job.dump_folder with a writable path")
 
 
@@ -73,18 +76,18 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
     if model_args is None:
         flavor = job_config.model.flavor
         if flavor not in spec.flavors:
-            raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
+            raise UserError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
                              f"known: {', '.join(spec.flavors)}")
         model_args = copy.deepcopy(spec.flavors[flavor])
         overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
         unsupported = [k for k in overrides if not hasattr(model_args, k)]
         if unsupported:
-            raise ValueError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
+            raise UserError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
         if overrides:
             try:
                 model_args = dataclasses.replace(model_args, **overrides)
             except ValueError as e:
-                raise ValueError(f"model overrides {overrides}: {e}") from None
+                raise UserError(f"model overrides {overrides}: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args
@@ -103,6 +106,7 @@ class Trainer:
         """`solo`: train on this process alone (world size 1, no collectives) inside a multi-rank job that has
         already joined its process group, e.g. one ensemble member per rank."""
         init_logger()
+        check_faults()
         self.config = job_config
         self.dump_folder = job_config.dump_folder
         check_dump_folder_writable(self.dump_folder)
@@ -111,7 +115,9 @@ class Trainer:
         self.parallel_dims = ParallelDims.from_config(job_config.parallelism, world_size)
         self._check_supported()
         if solo and job_config.checkpoint.enable:
-            raise ValueError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
+            raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
+        if model_spec is None and model_args is None:
+            check_memory(job_config, world_size)
         self.device = init_distributed(job_config.comm.init_timeout_seconds, job_config.comm.trace_buf_size,
                                        job_config.debug.distributed_debug, self.dump_folder)
         self.rank = dist.get_rank() if dist.is_initialized() and not solo else 0
@@ -131,7 +137,7 @@ class Trainer:
         dp = self.parallel_dims.dp_degree
         global_batch = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
         if global_batch % (training.local_batch_size * dp):
-            raise ValueError(
+            raise UserError(
                 f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
                 f"{training.local_batch_size} x data-parallel degree {dp}; adjust one of them"
             )
@@ -194,6 +200,8 @@ class Trainer:
             job_config.checkpoint,
             {"model": self.spec.name, "flavor": job_config.model.flavor, "model_args": repr(self.model_args)},
         )
+        if self.checkpointer.enabled:
+            self.checkpointer.check_room(checkpoint_bytes(self.num_params, job_config.optimizer))
         state = None
         if not job_config.checkpoint.create_seed_checkpoint:
             state = self.checkpointer.load_latest(self.model_parts, self.optimizers, self.lr_schedulers,
@@ -208,8 +216,6 @@ class Trainer:
         self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
         self.metrics = MetricsLogger(self.dump_folder, job_config.metrics.enable_jsonl,
                                      job_config.metrics.enable_tensorboard, self.rank)
-        if self.rank == 0:
-            Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -245,21 +251,21 @@ class Trainer:
     def _check_supported(self) -> None:
         pd, cfg = self.parallel_dims, self.config
         if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
-            raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
+            raise UserError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
                              f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
         if cfg.comm.mode == "fake":
-            raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
+            raise UserError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
         if cfg.metrics.comm_stats and cfg.compile.enable:
-            raise ValueError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
+            raise UserError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
                              "trace: count them in an eager run (--compile.enable false)")
         if cfg.parallelism.enable_async_tensor_parallel:
             if device_type() != "cuda":
-                raise ValueError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
+                raise UserError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
                                  "on the CPU drop --parallelism.enable_async_tensor_parallel")
             if not pd.tp_enabled:
-                raise ValueError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+                raise UserError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
             if not (cfg.compile.enable and "model" in cfg.compile.components):
-                raise ValueError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
+                raise UserError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
                                  "with 'model' in compile.components")
 
     @staticmethod
@@ -413,7 +419,7 @@ class Trainer:
         for part in self.model_parts:
             part.train()
         if batches == 0:
-            raise ValueError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
+            raise UserError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
         names = list(sums)
         reduced = self._all_reduce_mean(torch.stack([sums[k] for k in names]) / batches).tolist()
         return dict(zip(names, reduced))
@@ -433,9 +439,9 @@ class Trainer:
     def save_seed_checkpoint(self) -> None:
         """Step-0 weights only, so runs on any layout can start from identical weights."""
         if self.parallel_dims.world_size != 1:
-            raise ValueError("checkpoint.create_seed_checkpoint runs on one process; launch without torchrun")
+            raise UserError("checkpoint.create_seed_checkpoint runs on one process; launch without torchrun")
         if not self.config.checkpoint.enable:
-            raise ValueError("checkpoint.create_seed_checkpoint needs --checkpoint.enable")
+            raise UserError("checkpoint.create_seed_checkpoint needs --checkpoint.enable")
         self.checkpointer.save_model_only(0, self.model_parts, torch.float32)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -453,13 +459,16 @@ class Trainer:
             f"rank(s) ({self.device.type}, {self.threads} threads), global batch {self.global_batch_size} "
             f"x seq {cfg.training.seq_len}, accumulation {self.grad_accum_steps}, dump folder {self.dump_folder}"
         )
+        if self.rank == 0:  # a training run's own record; a trainer built to export or inspect writes none
+            Path(self.dump_folder, "config.toml").write_text(to_toml(cfg))
         if cfg.debug.detect_anomaly:
             logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
                         "forward tracebacks; every step runs slower")
-        with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler:
-            return self._train_steps(total, profiler)
+        with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler, \
+                StopSignals() as signals:
+            return self._train_steps(total, profiler, signals)
 
-    def _train_steps(self, total: int, profiler: StepProfiler) -> list[dict[str, Any]]:
+    def _train_steps(self, total: int, profiler: StepProfiler, signals: StopSignals) -> list[dict[str, Any]]:
         cfg = self.config
         if self._data_iter is None:
             self._data_iter = iter(self.dataloader)
@@ -505,11 +514,24 @@ class Trainer:
                 self.metrics.log(record, eta)
                 self.history.append(record)
                 window_start, window_tokens, window_steps = time.perf_counter(), 0, 0
-            if self.checkpointer.should_save(self.step, total):
+            saved = self.checkpointer.should_save(self.step, total)
+            if saved:
                 self.save_checkpoint(last=self.step == total)
                 window_start = time.perf_counter()
+            if signum := signals.requested(self.device, owns_group and self.parallel_dims.world_size > 1):
+                self._stop_on_signal(signum, saved)
             profiler.step(self.step)
         return self.history
+
+    def _stop_on_signal(self, signum: int, saved: bool) -> None:
+        """Ends the run after this step on every rank, with a checkpoint of it when checkpointing is on."""
+        ckpt = self.checkpointer
+        if ckpt.enabled and self.config.checkpoint.save_on_signal and not saved:
+            self.save_checkpoint()
+        ckpt.wait()
+        kept = (f"checkpoint step-{self.step} saved; rerun the same command to resume" if ckpt.enabled
+                and (saved or self.config.checkpoint.save_on_signal) else "no checkpoint written")
+        raise Interrupted(signum, f"stopped after step {self.step}, {kept}")
 
     def close(self) -> None:
         """Waits for an async checkpoint in flight, then flushes and closes the metric sinks."""

@@ -98,7 +98,7 @@ def test_resuming_a_checkpoint_of_another_model(tmp_path, tiny_args):
     before = (tmp_path / "metrics.jsonl").read_text()
     proc = run_train([*tiny_args, "--model.n_layers", "3", "--training.steps", "2", "--checkpoint.enable",
                       "--job.dump_folder", str(tmp_path)], check=False)
-    assert_clean_error(proc, "different model dimensions")
+    assert_clean_error(proc, "with other dimensions: n_layers 2 (this run 3)")
     assert (tmp_path / "metrics.jsonl").read_text() == before
     assert len(read_metrics(tmp_path)) == 1
 

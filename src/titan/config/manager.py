@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
 import typing
 from functools import cache
@@ -14,9 +15,10 @@ from typing import Any, Literal
 import tomli
 
 from titan.config.job_config import JobConfig
+from titan.tools.cli import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user mistake in the configuration; its message is one line naming the key and the fix."""
 
 
@@ -62,7 +64,10 @@ def _parse_scalar(tp: Any, raw: str) -> Any:
     if tp is int:
         return int(raw)
     if tp is float:
-        return float(raw)
+        value = float(raw)
+        if math.isnan(value):  # every comparison with NaN is false, so no range check would catch it
+            raise ValueError
+        return value
     return raw
 
 
@@ -96,6 +101,8 @@ def check_toml_value(tp: Any, value: Any) -> Any:
         return [check_toml_value(elem, v) for v in value]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and math.isnan(value):
+        raise ValueError
     if type(value) is not tp:
         raise ValueError
     return value

@@ -12,6 +12,7 @@ from titan.components.data.text import (
     tokenized_corpus,
 )
 from titan.components.data.tokenizer import BPETokenizer, Llama3Tokenizer, Tokenizer, corpus_bpe_tokenizer
+from titan.tools.cli import UserError
 
 
 def tokenizer_kind(job_config) -> str:
@@ -27,7 +28,7 @@ def build_tokenizer(job_config) -> Tokenizer:
         return Llama3Tokenizer()
     training = job_config.training
     if not training.dataset_path and training.dataset != "wiki_offline":
-        raise ValueError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
+        raise UserError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
                          f"{training.dataset!r}; use --model.tokenizer llama3")
     return corpus_bpe_tokenizer(
         lambda: split_documents(load_documents(training), training.validation_fraction, "train"),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from titan.tools.cli import UserError
+
 # Meta's Llama 3 pre-tokenizer split pattern.
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -45,7 +47,7 @@ def llama3_tokenizer_path() -> Path:
     spec = importlib.util.find_spec("llama_models")
     path = Path(spec.submodule_search_locations[0]) / "llama3" / "tokenizer.model" if spec else None
     if path is None or not path.is_file():
-        raise FileNotFoundError(
+        raise UserError(
             "the Llama 3 tokenizer file is missing; install it with: pip install 'llama-models==0.3.0' "
             "(or pip install -e '.[data]')"
         )

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan.tools.cli import UserError
+
 
 @dataclass
 class ModelArgs:
@@ -27,9 +29,9 @@ class ModelArgs:
     def __post_init__(self) -> None:
         kv = self.n_kv_heads or self.n_heads
         if self.dim % self.n_heads:
-            raise ValueError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % kv:
-            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
+            raise UserError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
 
     @property
     def head_dim(self) -> int:
