@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 import time
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from lcsm.engines import build_engine
 from lcsm.fftconv import fft_causal_conv
 from lcsm.model import HyenaArgs, HyenaLM
 from lcsm.tau import TAUS, triton_available
+from titan.tools.cli import UserError, entry_point, run
 
 QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flash_triton"}
 """Budgeted methods: quadratic in L, or (the direct taus) quadratic in the largest tile."""
@@ -213,9 +214,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a torch device; use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: the benchmark runs on cpu or cuda")
+    return device
+
+
+@entry_point
+def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = check_device(args.device)
+    out = Path(args.out)
+    probe = out.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise UserError(f"--out {args.out} cannot be written ({probe} is not a writable folder); give another folder")
     lengths = args.lengths or ([2**8, 2**10, 2**12] if args.quick else [2**k for k in range(10, 18)])
     budget = args.budget if args.budget is not None else (3.0 if args.quick else 60.0)
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**14)
@@ -235,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if "flash_triton" in methods and not triton_available(device):
         errors.append("flash_triton needs Triton and a CUDA device; drop it from --methods")
     if errors:
-        print(f"error: {errors[0]}", file=sys.stderr)
-        return 2
+        raise UserError(errors[0])
     torch.set_num_threads(args.threads)
     timing = "wall time" if device.type == "cuda" else "process CPU time"
     print(f"lcsm.bench on {device} ({timing}), {torch.get_num_threads()} thread(s), float32, D={args.channels}, "
@@ -276,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
                 if method in QUADRATIC and next_L and rec["total_s"] * (next_L / L) ** 2 > budget:
                     predicted_over.add(method)
                     print(f"  {part} {method}: skipped from L={next_L} (predicted over the {budget:.0f} s budget)")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(records, indent=1))
     plot(records, out / "results.png")
@@ -287,4 +305,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

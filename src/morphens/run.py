@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, p
 from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.config.manager import split_cli
 from titan.distributed.runtime import init_distributed
+from titan.tools.cli import UserError, entry_point, run
 
 INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
 """Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
@@ -153,6 +153,12 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
 
 def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
     """Everything that can be wrong with the input, checked before any training: data, members, sizes, g."""
+    probe = Path(cfg.run.out).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise UserError(f"run.out {cfg.run.out} cannot be written ({probe} is not a writable folder); "
+                        "pass --run.out with a writable path")
     data = load(cfg.data.dataset, cfg.data.path, cfg.data.download)
     members = members_of(cfg, data)
     sizes = cfg.run.sizes or [len(members)]
@@ -262,17 +268,16 @@ def parse(argv: list[str]) -> RunConfig:
     return load_config(path, [("run.sizes" if name == "sizes" else name, value) for name, value in overrides])
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+@entry_point
+def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__ + help_text())
         return 0
     try:
         cfg = parse(argv)
         prepared = prepare(cfg)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, FileNotFoundError) as e:  # morphens' config and input checks raise these, before any work
+        raise UserError(str(e)) from None
     results = experiment(cfg, *prepared)
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds every result (FSDP or gathered); one writes
         out = Path(cfg.run.out)
@@ -285,11 +290,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    if "RANK" in os.environ:  # under torchrun: leave the process group, then exit past gloo's finalizers
-        from titan.distributed.runtime import shutdown
-
-        shutdown()
-        sys.stdout.flush()
-        os._exit(code)
-    sys.exit(code)
+    run(main)

@@ -52,6 +52,17 @@ def data_files(path: Path) -> list[str]:
     return sorted(p.name for p in path.glob("*.distcp"))
 
 
+def describe(e: BaseException) -> str:
+    """One line for an I/O or DCP error; DCP's CheckpointException names only the failing ranks, so the first
+    rank's own exception is described instead."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, inner = next(iter(sorted(failures.items(), key=lambda kv: kv[0])))
+        return f"rank {rank}: {describe(inner)}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
 def _group() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

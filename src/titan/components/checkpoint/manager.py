@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titan.components.checkpoint.integrity import agree, free_bytes, nonfinite_entry, record_files
+from titan.components.checkpoint.integrity import agree, describe, free_bytes, nonfinite_entry, record_files
 from titan.components.checkpoint.reader import (
     MANIFEST,
     CheckpointError,
@@ -195,8 +195,7 @@ class CheckpointManager:
         try:
             result = action()
         except WRITE_ERRORS as e:
-            text = str(e).strip().splitlines()
-            error = text[0][:300] if text else type(e).__name__
+            error = describe(e)
         if error := agree(error):
             if _rank() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titan.components.checkpoint.integrity import agree, files_problem, nonfinite_entry
+from titan.components.checkpoint.integrity import agree, describe, files_problem, nonfinite_entry
 from titan.components.checkpoint.safe_reader import SafeFileSystemReader, metadata_problem
 from titan.tools.cli import UserError
 
@@ -83,7 +83,7 @@ def read_checkpoint(path: Path, state: dict[str, Any], identity: dict[str, Any] 
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException: name it
-        error = f"cannot load it: {str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__}"
+        error = f"cannot load it: {describe(e)}"
     error = agree(error)
     if error is None and (bad := nonfinite_entry(state)):
         error = f"{bad} holds NaN or Inf values"

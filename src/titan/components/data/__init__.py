@@ -22,11 +22,19 @@ def tokenizer_kind(job_config) -> str:
     return kind
 
 
+def check_dataset_name(training) -> None:
+    """A name that is neither the bundled corpus nor a hub id ("owner/name") is a misspelling."""
+    if not training.dataset_path and training.dataset != "wiki_offline" and "/" not in training.dataset:
+        raise UserError(f"training.dataset {training.dataset!r} is neither the bundled 'wiki_offline' nor a "
+                        "Hugging Face hub id (owner/name); fix the name, or set training.dataset_path to your files")
+
+
 def build_tokenizer(job_config) -> Tokenizer:
     """The configured tokenizer; the BPE is trained on the training split of the corpus and cached."""
     if tokenizer_kind(job_config) == "llama3":
         return Llama3Tokenizer()
     training = job_config.training
+    check_dataset_name(training)
     if not training.dataset_path and training.dataset != "wiki_offline":
         raise UserError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
                          f"{training.dataset!r}; use --model.tokenizer llama3")
@@ -40,6 +48,7 @@ def build_tokenizer(job_config) -> Tokenizer:
 def build_text_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer: Tokenizer, split: str = "train"):
     """A stateful loader of (inputs, labels) token blocks for this data-parallel rank."""
     training = job_config.training
+    check_dataset_name(training)
     if not training.dataset_path and training.dataset != "wiki_offline":
         stream = open_hub_stream(training.dataset, "train" if split == "train" else "validation")
         return StreamingTextLoader(stream, tokenizer, training.text_field, training.seq_len,

@@ -72,8 +72,11 @@ def load_documents(training) -> list[str]:
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         try:
             ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
-        except Exception as e:  # datasets raises many types for unreadable files
-            raise UserError(f"training.dataset_path: cannot read {training.dataset_path}: {e}") from None
+        except Exception as e:  # datasets raises many types for unreadable files, some with no message
+            lines = str(e).strip().splitlines()
+            reason = f"{type(e).__name__}: {lines[-1][:200]}" if lines else type(e).__name__
+            raise UserError(f"training.dataset_path: cannot read {training.dataset_path} as {builder} ({reason}); "
+                            "give UTF-8 .txt, .json/.jsonl or .parquet files") from None
         field = "text" if builder == "text" else training.text_field
         if field not in ds.column_names:
             raise UserError(
