@@ -132,7 +132,9 @@ def test_an_io_error_during_a_save_is_one_error_and_leaves_earlier_checkpoints(t
             raise full
         monkeypatch.setattr(dcp, "save", save_then_fail)
     else:
-        monkeypatch.setattr("titan.components.checkpoint.manager.json.dumps", lambda *a, **k: (_ for _ in ()).throw(full))
+        def fail(*args, **kwargs):
+            raise full
+        monkeypatch.setattr("titan.components.checkpoint.manager.json.dumps", fail)
     with pytest.raises(CheckpointError) as info:
         manager(tmp_path).save(2, [model], [opt], [sched], {"step": 2})
     message = str(info.value)
