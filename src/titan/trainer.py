@@ -116,7 +116,9 @@ class Trainer:
         self._check_supported()
         if solo and job_config.checkpoint.enable:
             raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
-        if model_spec is None and model_args is None:
+        if model_spec is None and model_args is None and world_size == 1:
+            # One process only: the estimator's dry run meshes a fake group, and DeviceMesh keeps state of it
+            # that breaks a later real multi-rank mesh in the same process (DCP then saved one shard of two).
             check_memory(job_config, world_size)
         self.device = init_distributed(job_config.comm.init_timeout_seconds, job_config.comm.trace_buf_size,
                                        job_config.debug.distributed_debug, self.dump_folder)
