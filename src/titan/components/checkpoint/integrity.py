@@ -58,6 +58,8 @@ def describe(e: BaseException) -> str:
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, inner = next(iter(sorted(failures.items(), key=lambda kv: kv[0])))
+        if isinstance(inner, tuple):  # some DCP paths keep (exception, traceback frames)
+            inner = inner[0]
         return f"rank {rank}: {describe(inner)}"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
