@@ -1,8 +1,7 @@
 """`python -m lcsm.bench`: see lcsm.inference.bench."""
 
-import sys
-
 from lcsm.inference.bench import main
+from titan.tools.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

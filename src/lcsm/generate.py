@@ -1,8 +1,7 @@
 """`python -m lcsm.generate`: see lcsm.inference.generate."""
 
-import sys
-
 from lcsm.inference.generate import main
+from titan.tools.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

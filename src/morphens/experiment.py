@@ -18,6 +18,7 @@ from morphens.spread import gather_group, gathered, my_members, spreading
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.distributed.runtime import init_distributed
+from titan.tools.cli import check_writable
 
 INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
 """Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
@@ -116,6 +117,7 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
 
 def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
     """Everything that can be wrong with the input, checked before any training: data, members, sizes, g."""
+    check_writable(cfg.run.out, "run.out", "pass --run.out with a writable path")
     data = load(cfg.data.dataset, cfg.data.path, cfg.data.download)
     members = members_of(cfg, data)
     sizes = cfg.run.sizes or [len(members)]

@@ -9,12 +9,12 @@ member) and, unless `--run.baseline false`, the same members independently; prin
 from __future__ import annotations
 
 import os
-import sys
 
 from morphens import report
 from morphens.config import RunConfig, help_text, load_config
 from morphens.experiment import experiment, prepare
 from titan.config.manager import split_cli
+from titan.tools.cli import UserError, entry_point, run
 
 
 def parse(argv: list[str]) -> RunConfig:
@@ -22,17 +22,16 @@ def parse(argv: list[str]) -> RunConfig:
     return load_config(path, [("run.sizes" if name == "sizes" else name, value) for name, value in overrides])
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+@entry_point
+def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(__doc__ + help_text())
         return 0
     try:
         cfg = parse(argv)
         prepared = prepare(cfg)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, FileNotFoundError) as e:  # morphens' config and input checks raise these, before any work
+        raise UserError(str(e)) from None
     results = experiment(cfg, *prepared)
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds every result (FSDP or gathered); one writes
         out = report.write(cfg, results)
@@ -42,11 +41,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    if "RANK" in os.environ:  # under torchrun: leave the process group, then exit past gloo's finalizers
-        from titan.distributed.runtime import shutdown
-
-        shutdown()
-        sys.stdout.flush()
-        os._exit(code)
-    sys.exit(code)
+    run(main)

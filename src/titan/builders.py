@@ -16,13 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan.components.checkpoint import load_full_model_state_dict
+from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
 from titan.config import JobConfig
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges, stages_per_rank
 from titan.distributed.runtime import device_type
+from titan.estimate.fit import check_memory, checkpoint_bytes
 from titan.protocols.model import PipelineModel
 from titan.protocols.model_spec import ModelSpec
+from titan.tools.cli import UserError, check_writable
+from titan.tools.fault import check_faults
 from titan.tools.logging import logger
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
@@ -33,33 +36,43 @@ MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
 
 def check_dump_folder_writable(folder: str) -> None:
     """Fails before anything is written when the dump folder cannot be created or written."""
-    path = Path(folder).absolute()
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise ValueError(f"job.dump_folder {folder} is not writable ({probe} is not a writable folder); "
-                         "pass --job.dump_folder with a writable path")
+    check_writable(folder, "job.dump_folder", "pass --job.dump_folder with a writable path")
+
+
+def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> ParallelDims:
+    """Everything that would stop the run, checked before any process group exists, so that a bad config fails
+    fast and alike on every rank; returns the layout."""
+    check_faults()
+    check_dump_folder_writable(cfg.dump_folder)
+    pd = ParallelDims.from_config(cfg.parallelism, world_size)
+    check_supported(pd, cfg)
+    if solo and cfg.checkpoint.enable:
+        raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
+    if own_model and world_size == 1:
+        # One process only: the estimator's dry run meshes a fake group, and DeviceMesh keeps state of it
+        # that breaks a later real multi-rank mesh in the same process (DCP then saved one shard of two).
+        check_memory(cfg, world_size)
+    return pd
 
 
 def check_supported(pd: ParallelDims, cfg: JobConfig) -> None:
     """Combinations of features this run cannot have, refused before any process group exists."""
     if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
-        raise ValueError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
+        raise UserError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
                          f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
     if cfg.comm.mode == "fake":
-        raise ValueError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
+        raise UserError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
     if cfg.metrics.comm_stats and cfg.compile.enable:
-        raise ValueError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
+        raise UserError("metrics.comm_stats counts collectives with a dispatch mode, which torch.compile cannot "
                          "trace: count them in an eager run (--compile.enable false)")
     if cfg.parallelism.enable_async_tensor_parallel:
         if device_type() != "cuda":
-            raise ValueError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
+            raise UserError("parallelism.enable_async_tensor_parallel needs CUDA (symmetric memory); "
                              "on the CPU drop --parallelism.enable_async_tensor_parallel")
         if not pd.tp_enabled:
-            raise ValueError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
+            raise UserError("parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1")
         if not (cfg.compile.enable and "model" in cfg.compile.components):
-            raise ValueError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
+            raise UserError("parallelism.enable_async_tensor_parallel is a compiler pass: add --compile.enable "
                              "with 'model' in compile.components")
 
 
@@ -78,19 +91,19 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
         if flavor == "hf" and spec.args_from_folder is not None:
             model_args = spec.args_from_folder(job_config)
         elif flavor not in spec.flavors:
-            raise ValueError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
+            raise UserError(f"model.flavor: unknown flavor {flavor!r} of {spec.name}; "
                              f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
         else:
             model_args = copy.deepcopy(spec.flavors[flavor])
         overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
         unsupported = [k for k in overrides if not hasattr(model_args, k)]
         if unsupported:
-            raise ValueError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
+            raise UserError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
         if overrides:
             try:
                 model_args = dataclasses.replace(model_args, **overrides)
             except ValueError as e:
-                raise ValueError(f"model overrides {overrides}: {e}") from None
+                raise UserError(f"model overrides {overrides}: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args
@@ -100,7 +113,7 @@ def batch_layout(training, dp: int) -> tuple[int, int]:
     """(global batch size, gradient accumulation steps) for `dp` data-parallel ranks."""
     global_batch = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp
     if global_batch % (training.local_batch_size * dp):
-        raise ValueError(
+        raise UserError(
             f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
             f"{training.local_batch_size} x data-parallel degree {dp}; adjust one of them"
         )
@@ -127,7 +140,7 @@ def split_for_pipeline(model: nn.Module, spec_name: str, pd: ParallelDims,
                        pcfg) -> tuple[list[nn.Module], PipelinePlacement]:
     """This rank's stages of the (meta) model."""
     if not isinstance(model, PipelineModel):
-        raise ValueError(f"model {spec_name} cannot be pipelined (it names no pipeline_first_modules / "
+        raise UserError(f"model {spec_name} cannot be pipelined (it names no pipeline_first_modules / "
                          "pipeline_last_modules); set parallelism.pipeline_parallel_degree 1")
     schedule = pcfg.pipeline_parallel_schedule
     placement = PipelinePlacement(pd.pp * stages_per_rank(schedule),
@@ -198,3 +211,15 @@ def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: Para
     parts = [spec.parallelize(part, pd, cfg) for part in parts]
     materialize(parts, device, initial_state_dict, pipelined=pp, broadcast=full_init and not pp, seed=cfg.debug.seed)
     return ModelParts(parts, placement, num_params, flops_per_token)
+
+
+def build_checkpointer(cfg: JobConfig, spec_name: str, model_args: Any, num_params: int) -> CheckpointManager:
+    """The run's CheckpointManager; with checkpointing on, its folder is checked for room before step 1."""
+    checkpointer = CheckpointManager(
+        Path(cfg.dump_folder) / cfg.checkpoint.folder,
+        cfg.checkpoint,
+        {"model": spec_name, "flavor": cfg.model.flavor, "model_args": repr(model_args)},
+    )
+    if checkpointer.enabled:
+        checkpointer.check_room(checkpoint_bytes(num_params, cfg.optimizer))
+    return checkpointer

@@ -13,13 +13,13 @@ from torch.distributed.fsdp import FSDPModule
 
 from titan.builders import (
     batch_layout,
+    build_checkpointer,
     build_model_parts,
-    check_dump_folder_writable,
-    check_supported,
+    check_run,
     resolve_model_args,
     seed_everything,
 )
-from titan.components.checkpoint import CheckpointManager, full_model_state_dict
+from titan.components.checkpoint import full_model_state_dict
 from titan.components.checkpoint.initial_load import initial_state_dict as load_initial_state_dict
 from titan.components.metrics.logger import MetricsLogger
 from titan.components.metrics.records import ThroughputWindow
@@ -27,9 +27,9 @@ from titan.components.metrics.throughput import device_peak_tflops
 from titan.components.nonfinite import NonFiniteGuard
 from titan.components.optimizer import build_lr_scheduler, build_optimizer
 from titan.components.validate import evaluate
-from titan.config import JobConfig, to_dict, to_toml
+from titan.config import JobConfig, to_toml
 from titan.config.dtypes import TORCH_DTYPES
-from titan.distributed import ParallelDims, compile_loss
+from titan.distributed import compile_loss
 from titan.distributed.comm_stats import counted_step
 from titan.distributed.pipeline import build_schedule, microbatch_count
 from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
@@ -43,9 +43,11 @@ from titan.distributed.utils import (
 )
 from titan.models import get_model_spec
 from titan.protocols.model_spec import ModelSpec
+from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
 from titan.tools.logging import init_logger, logger
 from titan.tools.profiling import StepProfiler
+from titan.tools.signals import StopSignals
 
 
 class Trainer:
@@ -58,13 +60,8 @@ class Trainer:
         init_logger()
         self.config = job_config
         self.dump_folder = job_config.dump_folder
-        check_dump_folder_writable(self.dump_folder)
         world_size = 1 if solo else world_size_from_env()
-        # Layout errors come before process-group creation so a bad config fails fast and alike on every rank.
-        self.parallel_dims = ParallelDims.from_config(job_config.parallelism, world_size)
-        check_supported(self.parallel_dims, job_config)
-        if solo and job_config.checkpoint.enable:
-            raise ValueError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
+        self.parallel_dims = check_run(job_config, world_size, solo, model_spec is None and model_args is None)
         self.device = init_distributed(job_config.comm.init_timeout_seconds, job_config.comm.trace_buf_size,
                                        job_config.debug.distributed_debug, self.dump_folder)
         self.rank = dist.get_rank() if dist.is_initialized() and not solo else 0
@@ -94,19 +91,11 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(job_config.training)
         self._data_iter = None
         self.history: list[dict[str, Any]] = []
-        self.checkpointer = CheckpointManager(
-            Path(self.dump_folder) / job_config.checkpoint.folder,
-            job_config.checkpoint,
-            {"model": self.spec.name, "flavor": job_config.model.flavor, "model_args": repr(self.model_args)},
-        )
+        self.checkpointer = build_checkpointer(job_config, self.spec.name, self.model_args, self.num_params)
         if not job_config.checkpoint.create_seed_checkpoint:
             self._resume()
         self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
-        mcfg = job_config.metrics
-        self.metrics = MetricsLogger(self.dump_folder, mcfg.enable_jsonl, mcfg.enable_tensorboard, self.rank,
-                                     mcfg.save_tb_folder, mcfg.enable_wandb, job_config.job.name, to_dict(job_config))
-        if self.rank == 0:
-            Path(self.dump_folder, "config.toml").write_text(to_toml(job_config))
+        self.metrics = MetricsLogger.from_config(job_config, self.rank)
         if job_config.job.print_config:
             logger.info(f"config:\n{to_toml(job_config)}")
 
@@ -229,13 +218,10 @@ class Trainer:
     def save_seed_checkpoint(self) -> None:
         """Step-0 weights only, so runs on any layout can start from identical weights."""
         if self.parallel_dims.world_size != 1:
-            raise ValueError("checkpoint.create_seed_checkpoint runs on one process; launch without torchrun")
+            raise UserError("checkpoint.create_seed_checkpoint runs on one process; launch without torchrun")
         if not self.config.checkpoint.enable:
-            raise ValueError("checkpoint.create_seed_checkpoint needs --checkpoint.enable")
+            raise UserError("checkpoint.create_seed_checkpoint needs --checkpoint.enable")
         self.checkpointer.save_model_only(0, self.model_parts, torch.float32)
-
-    def evaluate(self) -> dict[str, float]:
-        return evaluate(self)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for part in self.model_parts for k, v in full_model_state_dict(part).items()}
@@ -252,13 +238,16 @@ class Trainer:
             f"rank(s) ({self.device.type}, {self.threads} threads), global batch {self.global_batch_size} "
             f"x seq {cfg.training.seq_len}, accumulation {self.grad_accum_steps}, dump folder {self.dump_folder}"
         )
+        if self.rank == 0:  # a training run's own record; a trainer built to export or inspect writes none
+            Path(self.dump_folder, "config.toml").write_text(to_toml(cfg))
         if cfg.debug.detect_anomaly:
             logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
                         "forward tracebacks; every step runs slower")
-        with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler:
-            return self._train_steps(total, profiler)
+        with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler, \
+                StopSignals() as signals:
+            return self._train_steps(total, profiler, signals)
 
-    def _train_steps(self, total: int, profiler: StepProfiler) -> list[dict[str, Any]]:
+    def _train_steps(self, total: int, profiler: StepProfiler, signals: StopSignals) -> list[dict[str, Any]]:
         cfg = self.config
         if self._data_iter is None:
             self._data_iter = iter(self.dataloader)
@@ -283,15 +272,28 @@ class Trainer:
                 record, eta = window.record(self.step, out, self.lr_schedulers[0].get_last_lr()[0], self.elapsed_s,
                                             total - self.step)
                 if validate:
-                    record.update({f"val_{k}": v for k, v in self.evaluate().items()})
+                    record.update({f"val_{k}": v for k, v in evaluate(self).items()})
                     window.restart()
                 self.metrics.log(record, eta)
                 self.history.append(record)
-            if self.checkpointer.should_save(self.step, total):
+            saved = self.checkpointer.should_save(self.step, total)
+            if saved:
                 self.save_checkpoint(last=self.step == total)
                 window.start = time.perf_counter()
+            if signum := signals.requested(self.device, owns_group and self.parallel_dims.world_size > 1):
+                self._stop_on_signal(signum, saved)
             profiler.step(self.step)
         return self.history
+
+    def _stop_on_signal(self, signum: int, saved: bool) -> None:
+        """Ends the run after this step on every rank, with a checkpoint of it when checkpointing is on."""
+        ckpt = self.checkpointer
+        if ckpt.enabled and self.config.checkpoint.save_on_signal and not saved:
+            self.save_checkpoint()
+        ckpt.wait()
+        kept = (f"checkpoint step-{self.step} saved; rerun the same command to resume" if ckpt.enabled
+                and (saved or self.config.checkpoint.save_on_signal) else "no checkpoint written")
+        raise Interrupted(signum, f"stopped after step {self.step}, {kept}")
 
     def close(self) -> None:
         """Waits for an async checkpoint in flight, then flushes and closes the metric sinks."""

@@ -89,3 +89,11 @@ def test_members_per_cluster_scales_g_with_the_ensemble_size(capsys, tmp_path):
     assert code == 0, err
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["ensemble_size"], r["clusters"]) for r in results] == [(2, 1), (5, 3)]
+
+
+def test_an_out_folder_under_a_file_names_run_out(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, out, err = run_cli(capsys, *DIGITS, "--run.out", str(blocker / "out"))
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: run.out {blocker / 'out'} cannot be written") and "job.dump_folder" not in err

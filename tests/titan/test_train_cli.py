@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from tests.titan.conftest import TINY as TINY_ARGS
 from tests.titan.conftest import read_metrics, run_train
 from titan.train import main
 
@@ -42,6 +43,10 @@ def test_exit_code_and_stderr_of_the_real_process(tmp_path):
         (["--metrics.comm_stats", "true", "--compile.enable"], "count them in an eager run (--compile.enable false)"),
         (["--float8.enable", "--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather", "true"],
          "needs float8.recipe = 'tensorwise'"),
+        (["--optimizer.lr", "nan"], "optimizer.lr must be a number, got 'nan'"),
+        (["--training.max_norm", "NaN"], "training.max_norm must be a number, got 'NaN'"),
+        (["--training.dataset", "wiki_ofline"], "neither the bundled 'wiki_offline' nor a Hugging Face hub id"),
+        (["--checkpoint.save_on_signal", "maybe"], "checkpoint.save_on_signal must be true or false"),
     ],
 )
 def test_user_mistakes(tmp_path, capsys, args, fragment):
@@ -90,7 +95,7 @@ def test_unwritable_dump_folder(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     proc = run_train(["--job.dump_folder", str(blocker / "sub")], check=False)
-    assert_clean_error(proc, "is not writable")
+    assert_clean_error(proc, "cannot be written")
 
 
 def test_resuming_a_checkpoint_of_another_model(tmp_path, tiny_args):
@@ -98,7 +103,7 @@ def test_resuming_a_checkpoint_of_another_model(tmp_path, tiny_args):
     before = (tmp_path / "metrics.jsonl").read_text()
     proc = run_train([*tiny_args, "--model.n_layers", "3", "--training.steps", "2", "--checkpoint.enable",
                       "--job.dump_folder", str(tmp_path)], check=False)
-    assert_clean_error(proc, "different model dimensions")
+    assert_clean_error(proc, "with other dimensions: n_layers 2 (this run 3)")
     assert (tmp_path / "metrics.jsonl").read_text() == before
     assert len(read_metrics(tmp_path)) == 1
 
@@ -116,3 +121,45 @@ def test_incomplete_checkpoint_is_never_loaded(tmp_path, tiny_args):
     (tmp_path / "checkpoint" / "step-3.tmp" / "titan.json").unlink()
     proc = run_train([*args, "--training.steps", "3"])
     assert "resumed from checkpoint" in proc.stdout and "step-2" in proc.stdout
+
+
+def assert_one_error_line(capsys, fragment):
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_with_the_number(tmp_path, capsys, monkeypatch):
+    # The machine's memory is pinned so the verdict does not depend on the host running the test.
+    monkeypatch.setattr("titan.estimate.fit.available_bytes", lambda: (16 * 2**30, "available RAM"))
+    dump = tmp_path / "out"
+    assert main(["--training.seq_len", "100000", "--job.dump_folder", str(dump)]) == 2
+    assert_one_error_line(capsys, "this run needs about 86.7 GiB per rank (activations 56.1, logits 30.5 GiB at "
+                                  "training.seq_len 100000")
+    assert not dump.exists()
+
+
+def test_a_malformed_fault_spec_is_reported_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TITAN_FAULT", "0:3:explode")
+    dump = tmp_path / "out"
+    assert main([*TINY_ARGS, "--job.dump_folder", str(dump)]) == 2
+    assert_one_error_line(capsys, "TITAN_FAULT item '0:3:explode' must look like RANK:STEP:POINT")
+    assert not dump.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe\x80" * 64], ids=["empty", "binary"])
+def test_an_unreadable_data_file_says_why(tmp_path, capsys, content):
+    data = tmp_path / "data.txt"
+    data.write_bytes(content)
+    assert main(["--training.dataset_path", str(data), "--job.dump_folder", str(tmp_path / "o")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: ") and str(data) in line
+    assert "no non-empty documents" in line or ("cannot read" in line and "(" in line and ": )" not in line)
+
+
+def test_a_full_checkpoint_disk_is_reported_before_step_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("titan.components.checkpoint.integrity.shutil.disk_usage",
+                        lambda p: type("Usage", (), {"free": 1000})())
+    dump = tmp_path / "out"
+    assert main([*TINY_ARGS, "--checkpoint.enable", "--job.dump_folder", str(dump)]) == 2
+    assert_one_error_line(capsys, "has 0.00 GiB free, a checkpoint of this run takes about")
+    assert not (dump / "metrics.jsonl").exists() and not (dump / "config.toml").exists()

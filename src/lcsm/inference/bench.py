@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from lcsm.inference.engines import build_engine
 from lcsm.inference.tau import TAUS, triton_available
 from lcsm.model.fftconv import fft_causal_conv
 from lcsm.model.hyena import HyenaArgs, HyenaLM
+from titan.tools.cli import UserError, check_writable, entry_point, run
 
 QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flash_triton"}
 """Budgeted methods: quadratic in L, or (the direct taus) quadratic in the largest tile."""
@@ -223,9 +223,24 @@ def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, de
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a torch device; use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: the benchmark runs on cpu or cuda")
+    return device
+
+
+@entry_point
+def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = check_device(args.device)
+    check_writable(args.out, "--out", "give another folder")  # before the benchmark, not after it
+    out = Path(args.out)
     lengths = args.lengths or ([2**8, 2**10, 2**12] if args.quick else [2**k for k in range(10, 18)])
     budget = args.budget if args.budget is not None else (3.0 if args.quick else 60.0)
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
@@ -233,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args.batch = args.batch or ([1] if args.quick else [1, 8])
     errors = check_args(args, lengths, methods, device)
     if errors:
-        print(f"error: {errors[0]}", file=sys.stderr)
-        return 2
+        raise UserError(errors[0])
     torch.set_num_threads(args.threads)
     timing = "wall time" if device.type == "cuda" else "process CPU time"
     print(f"lcsm.bench on {device} ({timing}), {torch.get_num_threads()} thread(s), float32, D={args.channels}, "
@@ -246,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
         part_methods = [m for m in methods if part == "mixer" or args.methods or m in E2E_METHODS]
         for B in args.batch:
             records += run_part(part, B, part_lengths, part_methods, args, device, budget)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(records, indent=1))
     bench_report.plot(records, out / "results.png")
@@ -258,4 +271,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

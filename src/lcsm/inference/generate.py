@@ -19,6 +19,7 @@ from lcsm.inference.decode import new_decode_state
 from lcsm.inference.engines import ENGINES
 from lcsm.inference.tau import TAUS
 from lcsm.model.hyena import HyenaLM
+from titan.tools.cli import UserError, entry_point, run
 
 
 @torch.no_grad()
@@ -50,13 +51,15 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
 
 def load_model(config_path: str, checkpoint: str, overrides: list[str]):
     """Tokenizer and model from a titan config (and a titan checkpoint folder, if given)."""
-    import torch.distributed.checkpoint as dcp
-
     from lcsm.model.spec import hyena_flavors, update_model_args
+    from titan.components.checkpoint import read_checkpoint
     from titan.components.data import build_tokenizer
     from titan.config import parse_args
 
     job_config = parse_args(["--config", config_path, *overrides])
+    if job_config.model.name != "hyena" or job_config.model.flavor not in hyena_flavors:
+        raise UserError(f"--config {config_path} names {job_config.model.name}/{job_config.model.flavor}; "
+                        f"lcsm.generate runs hyena flavors ({', '.join(hyena_flavors)}): give a hyena config")
     tokenizer = build_tokenizer(job_config)
     args = hyena_flavors[job_config.model.flavor]
     overrides = {k: getattr(job_config.model, k) for k in ("dim", "n_layers") if getattr(job_config.model, k)}
@@ -64,8 +67,10 @@ def load_model(config_path: str, checkpoint: str, overrides: list[str]):
     model = HyenaLM(args)
     model.init_weights()
     if checkpoint:
+        # The identity a training run records, so a checkpoint of another model or size is named as such.
+        identity = {"model": "hyena", "flavor": job_config.model.flavor, "model_args": repr(args)}
         state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=checkpoint)
+        read_checkpoint(Path(checkpoint), state, identity)
         model.load_state_dict(state["model"])
     return tokenizer, model.eval()
 
@@ -86,7 +91,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+@entry_point
+def main(argv: list[str]) -> int:
     args, overrides = parse_args(argv)
     engines = list(ENGINES) if args.engine == "all" else [args.engine]
     problems = [
@@ -99,26 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for bad, message in problems:
         if bad:
-            print(f"error: {message}", file=sys.stderr)
-            return 2
+            raise UserError(message)
     torch.manual_seed(args.seed)
-    try:
-        tokenizer, model = load_model(args.config, args.checkpoint, overrides)
-        if not args.checkpoint:
-            print("note: no --checkpoint, so the weights are random and the text is noise", file=sys.stderr)
-        prompt = torch.tensor([tokenizer.encode(args.prompt, bos=True, eos=False)])
-        results = {}
-        for engine in engines:
-            options = {"tau": args.tau} if engine == "flash" else {}
-            start = time.perf_counter()
-            tokens = generate(model, prompt, args.max_new_tokens, engine, args.temperature,
-                              torch.Generator().manual_seed(args.seed), **options)
-            seconds = time.perf_counter() - start
-            results[engine] = tokens
-            print(f"[{engine}] {seconds / args.max_new_tokens * 1e3:.1f} ms/token")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tokenizer, model = load_model(args.config, args.checkpoint, overrides)
+    if not args.checkpoint:
+        print("note: no --checkpoint, so the weights are random and the text is noise", file=sys.stderr)
+    prompt = torch.tensor([tokenizer.encode(args.prompt, bos=True, eos=False)])
+    if prompt.shape[1] + args.max_new_tokens - 1 > model.args.max_seq_len:
+        raise UserError(f"prompt ({prompt.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the "
+                        f"model's max_seq_len {model.args.max_seq_len}; shorten the prompt or generate fewer tokens")
+    results = {}
+    for engine in engines:
+        options = {"tau": args.tau} if engine == "flash" else {}
+        start = time.perf_counter()
+        tokens = generate(model, prompt, args.max_new_tokens, engine, args.temperature,
+                          torch.Generator().manual_seed(args.seed), **options)
+        seconds = time.perf_counter() - start
+        results[engine] = tokens
+        print(f"[{engine}] {seconds / args.max_new_tokens * 1e3:.1f} ms/token")
     first = results[engines[0]]
     print(tokenizer.decode(first[0].tolist()))
     if len(engines) > 1:
@@ -129,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -1,5 +1,4 @@
-import sys
-
 from titan.compare.harness import main
+from titan.tools.cli import run
 
-sys.exit(main(sys.argv[1:]))
+run(main)

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from titan.compat import tomllib
+from titan.config import ConfigError, parse_args
+from titan.tools.cli import UserError, entry_point
 
 RECIPES: dict[str, dict[str, str]] = {
     "baseline": {},
@@ -43,7 +45,7 @@ RECIPES: dict[str, dict[str, str]] = {
 }
 
 
-class CompareError(ValueError):
+class CompareError(UserError):
     """A bad recipe name, recipes file or option."""
 
 
@@ -114,6 +116,14 @@ def train_command(base: list[str], overrides: dict[str, str], steps: int, folder
     return [*launcher, *args]
 
 
+def check_arguments(name: str, cmd: list[str]) -> None:
+    """A run's config is parsed here first, so a misspelt key stops the comparison before any run starts."""
+    try:
+        parse_args(cmd[cmd.index("titan.train") + 1:])
+    except ConfigError as e:
+        raise CompareError(f"recipe {name!r}: {e}") from None
+
+
 def _error_line(log: str, returncode: int) -> str:
     """The most telling line of a failed run: our one-line `error:`, else the last exception, else the tail."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
@@ -141,6 +151,10 @@ def run_once(cmd: list[str], folder: Path, timeout: float | None = None) -> dict
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return {"ok": False, "wall_s": time.perf_counter() - start, "error": f"timed out after {timeout:.0f}s"}
+        except BaseException:  # Ctrl-C or SIGTERM: the run is in a session of its own, so end it too
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     wall = time.perf_counter() - start
     metrics = folder / "metrics.jsonl"
     if proc.returncode != 0 or not metrics.is_file():
@@ -232,6 +246,8 @@ def compare(recipe_names: list[str], base: list[str], out: Path, steps: int = 20
         raise CompareError("--rounds and --nproc must be >= 1 and --warmup >= 0")
     table = load_recipes(recipes_file)
     recipes = {name: resolve(name, table) for name in recipe_names}
+    for name, overrides in recipes.items():
+        check_arguments(name, train_command(base, overrides, steps, out, nproc))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in recipes}
     for round_index in range(rounds):
         for i, (name, overrides) in enumerate(recipes.items()):
@@ -253,6 +269,7 @@ def compare(recipe_names: list[str], base: list[str], out: Path, steps: int = 20
     return rows
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m titan.compare", allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -266,13 +283,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="outputs/compare", help="folder for results.{md,json,png} and runs/")
     parser.add_argument("--timeout", type=float, default=None, help="seconds after which a run counts as failed")
     args, base = parser.parse_known_args(argv)
-    try:
-        rows = compare([n.strip() for n in args.recipes.split(",") if n.strip()], base, Path(args.out),
-                       args.steps, args.rounds, args.warmup, args.nproc, args.recipes_file, args.timeout)
-    except CompareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    rows = compare([n.strip() for n in args.recipes.split(",") if n.strip()], base, Path(args.out),
+                   args.steps, args.rounds, args.warmup, args.nproc, args.recipes_file, args.timeout)
     print(markdown_table(rows))
     print(f"wrote {args.out}/results.md, results.json, results.png")
-    return 0 if all(r["ok"] for r in rows) else 1
+    failed = [r for r in rows if not r["ok"]]
+    if failed:
+        print(f"{len(failed)} of {len(rows)} recipes failed (first: {failed[0]['recipe']}: {failed[0]['error']}); "
+              f"their logs are under {args.out}/runs/", file=sys.stderr)
+    return 1 if failed else 0
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError):
     """Training produced a NaN/Inf loss or gradient norm."""
 
 

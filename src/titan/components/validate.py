@@ -13,6 +13,7 @@ from titan.distributed.utils import (
     mean_over_loss_holders,
     replicated_value,
 )
+from titan.tools.cli import UserError
 
 if TYPE_CHECKING:
     from titan.trainer import Trainer
@@ -59,7 +60,7 @@ def evaluate(trainer: Trainer) -> dict[str, float]:
     for part in trainer.model_parts:
         part.train()
     if batches == 0:
-        raise ValueError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
+        raise UserError("the validation split yielded no batch; lower training.local_batch_size/seq_len")
     names = list(sums)
     reduced = mean_over_loss_holders(torch.stack([sums[k] for k in names]) / batches, trainer.parallel_dims)
     return dict(zip(names, reduced.tolist()))

@@ -176,6 +176,8 @@ class Checkpoint:
     """Save every N steps (and at the last step)."""
     keep_latest_k: int = 10
     """Keep only the newest K checkpoints (0 = keep all)."""
+    save_on_signal: bool = True
+    """On SIGINT/SIGTERM (Ctrl-C, a preempted job) finish the step and save it before exiting."""
     async_mode: Literal["disabled", "async"] = "disabled"
     """Save in the background while training continues."""
     reuse_staging_buffer: bool = True
@@ -349,6 +351,8 @@ class Debug:
     """TORCH_DISTRIBUTED_DEBUG for the process groups: detail checks that ranks call matching collectives."""
     detect_anomaly: bool = False
     """Autograd anomaly detection: name the backward op that produced a NaN (slows every step)."""
+    memory_check: bool = True
+    """Refuse, before it starts, a run whose estimated peak memory per rank exceeds this machine's."""
 
     def __post_init__(self) -> None:
         non_negative("debug", seed=self.seed, threads=self.threads)

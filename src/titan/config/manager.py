@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import textwrap
 import typing
 from collections.abc import Callable, Sequence
@@ -16,13 +17,14 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from titan.compat import tomllib
+from titan.tools.cli import UserError
 
 C = TypeVar("C")
 # (dotted name, value, from_cli) -> the (section.key, value) pairs to set: spelling translations of a tool.
 Translate = Callable[[str, Any, bool], list[tuple[str, Any]]]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user mistake in the configuration; its message is one line naming the key and the fix."""
 
 
@@ -69,7 +71,10 @@ def _parse_scalar(tp: Any, raw: str) -> Any:
     if tp is int:
         return int(raw)
     if tp is float:
-        return float(raw)
+        value = float(raw)
+        if math.isnan(value):  # every comparison with NaN is false, so no range check would catch it
+            raise ValueError
+        return value
     return raw
 
 
@@ -109,6 +114,8 @@ def check_toml_value(tp: Any, value: Any) -> Any:
         return [check_toml_value(elem, v) for v in value]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and math.isnan(value):
+        raise ValueError
     if type(value) is not tp:
         raise ValueError
     return value

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 
@@ -25,20 +26,20 @@ class ParallelDims:
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "cp", "tp", "pp"):
             if getattr(self, name) < 1:
-                raise ValueError(f"parallel degree {name} must be >= 1, got {getattr(self, name)}")
+                raise UserError(f"parallel degree {name} must be >= 1, got {getattr(self, name)}")
         others = self.dp_replicate * self.cp * self.tp * self.pp
         if self.dp_shard == -1:
             if self.world_size % others:
-                raise ValueError(
+                raise UserError(
                     f"world size {self.world_size} is not divisible by dp_replicate*cp*tp*pp = {others}; "
                     "change the parallel degrees or the number of processes"
                 )
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
-            raise ValueError(f"data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}")
+            raise UserError(f"data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}")
         product = others * self.dp_shard
         if product != self.world_size:
-            raise ValueError(
+            raise UserError(
                 f"parallel degrees multiply to {product} (dp_replicate={self.dp_replicate} x dp_shard="
                 f"{self.dp_shard} x cp={self.cp} x tp={self.tp} x pp={self.pp}) but the world size is "
                 f"{self.world_size}; make their product equal the number of processes"

@@ -16,6 +16,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
 from titan.compat import torch_at_least
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 V_SCHEDULES = {"ZBVZeroBubble", "DualPipeV"}
@@ -36,7 +37,7 @@ def stage_layer_ranges(n_layers: int, num_stages: int, layers_per_stage: int = 0
     if split_points:
         starts = [0, *split_points]
         if sorted(set(starts)) != starts or starts[-1] >= n_layers or len(starts) != num_stages:
-            raise ValueError(
+            raise UserError(
                 f"pipeline_parallel_split_points {split_points} must be {num_stages - 1} increasing layer indices "
                 f"in 1..{n_layers - 1} for {num_stages} stages"
             )
@@ -44,7 +45,7 @@ def stage_layer_ranges(n_layers: int, num_stages: int, layers_per_stage: int = 0
         return [range(a, b) for a, b in zip(starts, ends)]
     if layers_per_stage:
         if layers_per_stage * num_stages < n_layers or layers_per_stage * (num_stages - 1) >= n_layers:
-            raise ValueError(
+            raise UserError(
                 f"pipeline_parallel_layers_per_stage {layers_per_stage} x {num_stages} stages does not fit "
                 f"{n_layers} layers; every stage needs at least one layer"
             )
@@ -52,7 +53,7 @@ def stage_layer_ranges(n_layers: int, num_stages: int, layers_per_stage: int = 0
         sizes[-1] -= layers_per_stage * num_stages - n_layers
     else:
         if n_layers < num_stages:
-            raise ValueError(f"{n_layers} layers cannot fill {num_stages} pipeline stages; lower the pipeline "
+            raise UserError(f"{n_layers} layers cannot fill {num_stages} pipeline stages; lower the pipeline "
                              "degree or use a schedule with one stage per rank")
         base, extra = divmod(n_layers, num_stages)
         sizes = [base] * num_stages
@@ -99,7 +100,7 @@ def microbatch_count(job_config) -> int:
     pcfg = job_config.parallelism
     local_batch = job_config.training.local_batch_size
     if local_batch % pcfg.pipeline_parallel_microbatch_size:
-        raise ValueError(f"training.local_batch_size {local_batch} is not a multiple of "
+        raise UserError(f"training.local_batch_size {local_batch} is not a multiple of "
                          f"parallelism.pipeline_parallel_microbatch_size {pcfg.pipeline_parallel_microbatch_size}")
     return local_batch // pcfg.pipeline_parallel_microbatch_size
 
@@ -129,7 +130,7 @@ def build_schedule(parts: list[nn.Module], stage_ids: list[int], num_stages: int
         else:
             schedule = schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
     except (ValueError, AssertionError) as e:
-        raise ValueError(f"pipeline schedule {pcfg.pipeline_parallel_schedule} with {n_microbatches} "
+        raise UserError(f"pipeline schedule {pcfg.pipeline_parallel_schedule} with {n_microbatches} "
                          f"microbatches on {parallel_dims.pp} ranks: {e}") from None
     logger.info(f"pipeline: schedule {pcfg.pipeline_parallel_schedule}, {num_stages} stages, this rank holds "
                 f"{stage_ids}, {n_microbatches} microbatches")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +17,17 @@ from types import SimpleNamespace
 
 import torch
 
+from titan.builders import check_dump_folder_writable
 from titan.builders import resolve_model_args as trainer_resolve_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
-from titan.config import ConfigError, parse_args
+from titan.config import parse_args
 from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
 from titan.estimate.layout import dry_run_rank, stage_ranges
 from titan.models import get_model_spec
+from titan.tools.cli import UserError, entry_point
 
 
 @dataclass
@@ -60,20 +61,20 @@ def check_layout(job_config, dims: ParallelDims, args) -> int:
     """Everything that would stop the run, checked before any process group exists; returns the global batch."""
     t, pcfg = job_config.training, job_config.parallelism
     if t.seq_len % (dims.cp * dims.tp):
-        raise ValueError(f"training.seq_len {t.seq_len} must be divisible by context_parallel_degree x "
+        raise UserError(f"training.seq_len {t.seq_len} must be divisible by context_parallel_degree x "
                          f"tensor_parallel_degree = {dims.cp * dims.tp} (sequence sharding)")
     kv = args.n_kv_heads or args.n_heads
     if args.n_heads % dims.tp or kv % dims.tp:
-        raise ValueError(f"tensor_parallel_degree {dims.tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
+        raise UserError(f"tensor_parallel_degree {dims.tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
     if dims.pp_enabled:
         if t.local_batch_size % pcfg.pipeline_parallel_microbatch_size:
-            raise ValueError(f"training.local_batch_size {t.local_batch_size} is not a multiple of "
+            raise UserError(f"training.local_batch_size {t.local_batch_size} is not a multiple of "
                              f"parallelism.pipeline_parallel_microbatch_size {pcfg.pipeline_parallel_microbatch_size}")
         stage_ranges(args.n_layers, dims, pcfg)
     per_step = t.local_batch_size * dims.dp_degree
     global_batch = t.global_batch_size if t.global_batch_size > 0 else per_step
     if global_batch % per_step:
-        raise ValueError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
+        raise UserError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
                          f"{t.local_batch_size} x data-parallel degree {dims.dp_degree}; adjust one of them")
     return global_batch
 
@@ -81,10 +82,10 @@ def check_layout(job_config, dims: ParallelDims, args) -> int:
 def estimate(job_config, hw: Hardware) -> dict:
     world = job_config.comm.world_size
     if world < 1:
-        raise ValueError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
+        raise UserError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
     peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
     if peak_tflops is None:
-        raise ValueError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
+        raise UserError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
     dims = ParallelDims.from_config(job_config.parallelism, world)
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
     args = resolve_model_args(spec, job_config)
@@ -163,6 +164,7 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
+@entry_point
 def main(argv: list[str]) -> int:
     # ParallelDims.submesh slices flattened dims, which torch warns about once per mesh; the training run logs
     # it too, and here it would interleave with the table.
@@ -170,13 +172,10 @@ def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(help_text())
         return 0
-    try:
-        rest, hw = split_args(argv)
-        job_config = parse_args(rest)
-        report = estimate(job_config, hw)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True)
-        return 2
+    rest, hw = split_args(argv)
+    job_config = parse_args(rest)
+    check_dump_folder_writable(job_config.dump_folder)
+    report = estimate(job_config, hw)
     print(format_report(report))
     out = Path(job_config.dump_folder, "estimate.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import signal
 
 import torch.distributed as dist
 
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 POINTS = ("step", "save", "nan")
@@ -23,9 +24,14 @@ def _faults() -> list[tuple[int, int, str]]:
     for item in filter(None, spec.split(",")):
         parts = item.split(":")
         if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in POINTS:
-            raise ValueError(f"TITAN_FAULT item {item!r} must look like RANK:STEP:POINT with POINT in {POINTS}")
+            raise UserError(f"TITAN_FAULT item {item!r} must look like RANK:STEP:POINT with POINT in {POINTS}")
         faults.append((int(parts[0]), int(parts[1]), parts[2]))
     return faults
+
+
+def check_faults() -> None:
+    """Reports a malformed TITAN_FAULT before a run writes anything."""
+    _faults()
 
 
 def fault_point(point: str, step: int) -> bool:

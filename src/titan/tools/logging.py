@@ -9,11 +9,24 @@ import sys
 logger = logging.getLogger("titan")
 
 
+class _CurrentStdout(logging.StreamHandler):
+    """Writes to sys.stdout as it is now, not as it was when the logger was set up (a redirect or a test
+    harness replaces it; the old stream may be closed)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def init_logger() -> None:
     if logger.handlers:
         return
     rank = int(os.environ.get("RANK", "0"))
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _CurrentStdout()
     prefix = f"[rank{rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     handler.setFormatter(logging.Formatter(f"{prefix}%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)

@@ -34,9 +34,20 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [(["--methods", "quick"], "unknown method 'quick'"),
                                           (["--lengths", "1"], "--lengths must be >= 2"),
                                           (["--parts", "all"], "--parts must be mixer and/or e2e"),
-                                          (["--threads", "0"], ">= 1")])
+                                          (["--threads", "0"], ">= 1"),
+                                          (["--device", "gpu"], "--device 'gpu' is not a torch device")])
 def test_bench_user_mistakes_exit_2(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "results.json").exists()
+
+
+def test_an_unwritable_out_folder_stops_the_bench_before_it_runs(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["--quick", "--out", str(blocker / "sub")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [f"error: --out {blocker / 'sub'} cannot be written ({blocker} is not "
+                                                 "a writable folder); give another folder"]
+    assert "lcsm.bench on" not in captured.out  # nothing was benchmarked

@@ -52,7 +52,10 @@ def test_bad_lengths_name_the_fix(model):
 
 @pytest.mark.parametrize("argv,message", [(["--engine", "fast"], "--engine must be one of"),
                                           (["--tau", "nope"], "--tau must be one of"),
-                                          (["--config", "missing.toml"], "is not a file")])
+                                          (["--config", "missing.toml"], "is not a file"),
+                                          (["--config", "configs/titan/debug.toml"],
+                                           "names llama3/debug; lcsm.generate runs hyena flavors"),
+                                          (["--checkpoint", "/nonexistent/step-3"], "is not a folder")])
 def test_cli_user_mistakes_exit_2(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -65,3 +68,35 @@ def test_cli_generates_with_every_engine():
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens identical across lazy, eager, recompute, flash: True" in proc.stdout
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_BY_METADATA",))
+
+
+def test_a_crafted_checkpoint_metadata_is_refused_not_executed(tmp_path, capsys, monkeypatch):
+    import pickle
+
+    step = tmp_path / "step-1"
+    step.mkdir()
+    (step / "titan.json").write_text('{"model": "hyena", "flavor": "debug", "files": {}}')
+    (step / ".metadata").write_bytes(pickle.dumps(Payload()))
+    # Past the identity check, as a crafted manifest copying the real one would be.
+    monkeypatch.setattr("titan.components.checkpoint.reader.check_identity", lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "lcsm", "hyena_debug.toml")
+    assert main(["--config", config, "--checkpoint", str(step), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "posix.system, which is not allowed" in err[0]
+    assert not (tmp_path / "PWNED_BY_METADATA").exists()
+
+
+def test_a_llama_checkpoint_is_named_as_such(tmp_path, capsys):
+    step = tmp_path / "step-1"
+    step.mkdir()
+    (step / "titan.json").write_text('{"model": "llama3", "flavor": "debug", "files": {}}')
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "lcsm", "hyena_debug.toml")
+    assert main(["--config", config, "--checkpoint", str(step), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds llama3/debug, this run builds hyena/" in err[0]

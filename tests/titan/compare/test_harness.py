@@ -157,3 +157,14 @@ def test_compare_cli_runs_compile_with_selective_ac_at_eager_losses(tmp_path, mo
     eager_run, compiled_run = (losses(folder) for folder in sorted((out / "runs").glob("*/round-0")))
     assert len(eager_run) == 4 and compiled_run == pytest.approx(eager_run, rel=1e-4)
     assert "+compile+selective_ac" in (out / "results.md").read_text()
+
+
+def test_a_misspelt_base_override_stops_before_any_run(tmp_path, capsys, monkeypatch):
+    from titan.compare import harness
+
+    monkeypatch.setattr(harness, "run_once", lambda *a: pytest.fail("no run may start"))
+    out = tmp_path / "out"
+    assert harness.main(["--recipes", "baseline", "--out", str(out), "--training.stepz", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: recipe 'baseline': unknown key training.stepz")
+    assert not out.exists()

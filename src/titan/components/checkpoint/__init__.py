@@ -1,10 +1,10 @@
 from titan.components.checkpoint.manager import (
-    CheckpointError,
     CheckpointManager,
     complete_steps,
     full_model_state_dict,
     load_full_model_state_dict,
 )
+from titan.components.checkpoint.reader import CheckpointError, DamagedCheckpoint, read_checkpoint
 
-__all__ = ["CheckpointError", "CheckpointManager", "complete_steps", "full_model_state_dict",
-           "load_full_model_state_dict"]
+__all__ = ["CheckpointError", "CheckpointManager", "DamagedCheckpoint", "complete_steps", "full_model_state_dict",
+           "load_full_model_state_dict", "read_checkpoint"]

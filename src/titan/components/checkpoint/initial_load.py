@@ -8,16 +8,17 @@ from typing import Any
 import torch
 
 from titan.components.checkpoint.manager import complete_steps
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 
 def check_initial_load(checkpoint_config) -> None:
     """What the config asks of initial_load_path that this engine cannot do, before any work."""
     if checkpoint_config.initial_load_path and not checkpoint_config.initial_load_in_hf:
-        raise ValueError("checkpoint.initial_load_path loads Hugging Face folders here: add "
+        raise UserError("checkpoint.initial_load_path loads Hugging Face folders here: add "
                          "--checkpoint.initial_load_in_hf (a DCP step folder resumes from checkpoint.folder)")
     if checkpoint_config.initial_load_in_hf and not checkpoint_config.initial_load_path:
-        raise ValueError("checkpoint.initial_load_in_hf needs checkpoint.initial_load_path, the Hugging Face folder")
+        raise UserError("checkpoint.initial_load_in_hf needs checkpoint.initial_load_path, the Hugging Face folder")
 
 
 def initial_state_dict(spec, job_config, model_args: Any, checkpoint_folder: Path) -> dict[str, torch.Tensor] | None:
@@ -29,7 +30,7 @@ def initial_state_dict(spec, job_config, model_args: Any, checkpoint_folder: Pat
     if ckpt.enable and not ckpt.create_seed_checkpoint and complete_steps(checkpoint_folder):
         return None  # the run's own checkpoint wins, as on a restart
     if spec.load_hf_weights is None:
-        raise ValueError(f"checkpoint.initial_load_in_hf: model {spec.name} has no Hugging Face format")
+        raise UserError(f"checkpoint.initial_load_in_hf: model {spec.name} has no Hugging Face format")
     # Master weights are fp32 whatever the files hold.
     state = {k: v.float() for k, v in spec.load_hf_weights(Path(ckpt.initial_load_path), model_args).items()}
     logger.info(f"initial weights: {len(state)} tensors from {ckpt.initial_load_path} (Hugging Face)")

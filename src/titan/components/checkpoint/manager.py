@@ -1,8 +1,10 @@
 """CheckpointManager over torch.distributed.checkpoint (DCP), with atomic commits.
 
 A checkpoint is written to `step-N.tmp/` by every rank; after a barrier rank 0 writes `titan.json`
-(what was saved, by which model) and renames the folder to `step-N/`. A folder without that name and
-file is never loaded, so a crash mid-save leaves the previous checkpoint as the latest.
+(what was saved, by which model, each data file's size and checksum) and renames the folder to `step-N/`.
+A folder without that name and file is never loaded, so a crash mid-save leaves the previous checkpoint as the
+latest. A save that fails (a full disk, a read-only folder) removes its `.tmp` and stops the run in one line;
+loading skips a damaged checkpoint for the previous one with one warning.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -28,12 +31,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titan.components.checkpoint.safe_reader import (
-    SafeFileSystemReader,
-    data_file_sizes,
-    load_metadata,
-    verify_checkpoint,
+from titan.components.checkpoint.integrity import agree, describe, free_bytes, nonfinite_entry, record_files
+from titan.components.checkpoint.reader import (
+    MANIFEST,
+    CheckpointError,
+    DamagedCheckpoint,
+    check_identity,
+    read_checkpoint,
+    read_manifest,
 )
+from titan.components.checkpoint.safe_reader import load_metadata
 from titan.tools.fault import fault_point
 from titan.tools.logging import logger
 
@@ -43,11 +50,9 @@ PARTIAL = StateDictOptions(strict=False)
 # Saving or loading from one process is intended here, not a misconfiguration.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 STEP_DIR = re.compile(r"^step-(\d+)$")
-MANIFEST = "titan.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used for this run (another model, missing step, unreadable)."""
+TMP_DIR = re.compile(r"^step-\d+\.tmp$")
+# DCP reports a rank's failed write as CheckpointException, which derives from BaseException.
+WRITE_ERRORS = (OSError, CheckpointException)
 
 
 def _rank() -> int:
@@ -103,6 +108,8 @@ class CheckpointManager:
         if checkpoint_config.enable and checkpoint_config.async_mode == "async" and dist.is_initialized():
             # Background writes must not share the training collectives' group (they would interleave).
             self._async_group = dist.new_group(backend="gloo")
+        if checkpoint_config.enable and _rank() == 0:
+            self._remove_stale_tmp()
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +117,27 @@ class CheckpointManager:
 
     def should_save(self, step: int, last_step: int) -> bool:
         return self.enabled and (step % self.config.interval == 0 or step == last_step)
+
+    def _remove_stale_tmp(self) -> None:
+        """Half-written `step-N.tmp` folders of a crashed run are never loaded; they only take disk space."""
+        stale = [p for p in self.folder.glob("step-*.tmp") if TMP_DIR.match(p.name)] if self.folder.is_dir() else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        if stale:
+            logger.info(f"removed {len(stale)} unfinished checkpoint folder(s) of an interrupted save in {self.folder}")
+
+    def check_room(self, checkpoint_bytes: float) -> None:
+        """Before step 1: the folder can be written and has room for one more checkpoint of about this size."""
+        where, free, writable = free_bytes(self.folder)
+        if not writable:
+            raise CheckpointError(f"checkpoint folder {self.folder} cannot be written ({where} is not a writable "
+                                  "folder); point --checkpoint.folder or --job.dump_folder elsewhere, or "
+                                  "--checkpoint.enable false")
+        if free < checkpoint_bytes:
+            raise CheckpointError(f"checkpoint folder {self.folder} has {free / 2**30:.2f} GiB free, a checkpoint "
+                                  f"of this run takes about {checkpoint_bytes / 2**30:.2f} GiB; free space, point "
+                                  "--checkpoint.folder or --job.dump_folder to a larger disk, or lower "
+                                  "checkpoint.keep_latest_k")
 
     def _state(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, Any]:
         """One flat, layout-independent state: keys are the full model's parameter names, whatever part of the
@@ -139,20 +167,42 @@ class CheckpointManager:
 
     def _write(self, step: int, state: dict[str, Any], asynchronous: bool) -> None:
         self.wait()
+        if bad := nonfinite_entry(state):
+            raise CheckpointError(f"{bad} holds NaN or Inf values at step {step}, so no checkpoint of it was "
+                                  f"written (complete ones: {complete_steps(self.folder) or 'none'}); lower "
+                                  "optimizer.lr or set training.max_norm, then rerun to resume")
         final = self.folder / f"step-{step}"
         tmp = self.folder / f"step-{step}.tmp"
-        if _rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        _barrier()
+
+        def start() -> None:
+            if _rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+
+        self._guarded(step, tmp, start)
         if asynchronous:
-            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
-                                    async_stager=self._stager)
+            future = self._guarded(step, tmp, lambda: dcp.async_save(
+                state, checkpoint_id=str(tmp), process_group=self._async_group, async_stager=self._stager))
             self._pending = (future, step, tmp, final, sorted(state))
         else:
-            dcp.save(state, checkpoint_id=str(tmp))
+            self._guarded(step, tmp, lambda: dcp.save(state, checkpoint_id=str(tmp)))
             fault_point("save", step)
             self._commit(step, tmp, final, sorted(state))
+
+    def _guarded(self, step: int, tmp: Path, action):
+        """Runs one collective part of a save; an I/O error on any rank removes the `.tmp` and raises one line."""
+        result, error = None, None
+        try:
+            result = action()
+        except WRITE_ERRORS as e:
+            error = describe(e)
+        if error := agree(error):
+            if _rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write checkpoint {tmp.name} in {self.folder}: {error}; the complete "
+                                  f"ones ({complete_steps(self.folder) or 'none'}) are intact. Free space or fix "
+                                  "the folder's permissions, then rerun the same command to resume")
+        return result
 
     def wait(self) -> None:
         """Finishes an async save in flight: waits for every rank's writes, then commits."""
@@ -160,19 +210,23 @@ class CheckpointManager:
             return
         future, step, tmp, final, contents = self._pending
         self._pending = None
-        future.result()
+        self._guarded(step, tmp, future.result)
         fault_point("save", step)
         self._commit(step, tmp, final, contents)
 
     def _commit(self, step: int, tmp: Path, final: Path, contents: list[str]) -> None:
-        _barrier()
+        files = self._guarded(step, tmp, lambda: record_files(tmp))
+
+        def publish() -> None:
+            if _rank() == 0:
+                world = dist.get_world_size() if dist.is_initialized() else 1
+                manifest = {**self.identity, "step": step, "world_size": world, "contents": contents, "files": files}
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+
+        self._guarded(step, tmp, publish)
         if _rank() == 0:
-            world = dist.get_world_size() if dist.is_initialized() else 1
-            manifest = {**self.identity, "step": step, "world_size": world, "contents": contents,
-                        "files": data_file_sizes(tmp)}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
             self._prune()
             logger.info(f"saved checkpoint {final}")
         _barrier()
@@ -184,7 +238,7 @@ class CheckpointManager:
                 shutil.rmtree(self.folder / f"step-{step}", ignore_errors=True)
 
     def load_latest(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int] | None:
-        """Restores the newest usable checkpoint (or `load_step`); corrupt ones are reported and skipped.
+        """Restores the newest usable checkpoint (or `load_step`); damaged ones are reported and skipped.
 
         Returns its train state (step, data position, ...), or None when there is none to resume from.
         """
@@ -200,52 +254,32 @@ class CheckpointManager:
             return self.load(self.config.load_step, parts, optimizers, lr_schedulers, train_state)
         for step in reversed(steps):
             try:
-                self._check_usable(self.folder / f"step-{step}")
-            except (ValueError, OSError) as e:
-                logger.warning(f"skipping unusable checkpoint: {e}")
-                continue
-            return self.load(step, parts, optimizers, lr_schedulers, train_state)
+                return self.load(step, parts, optimizers, lr_schedulers, train_state)
+            except DamagedCheckpoint as e:
+                logger.warning(f"skipping damaged checkpoint: {e}")
         if steps:
             raise CheckpointError(f"no usable checkpoint in {self.folder} (all of steps {steps} are damaged); "
                                   "move them away to start from scratch")
         return None
 
-    def _check_usable(self, path: Path) -> dict[str, Any]:
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except ValueError:
-            raise ValueError(f"checkpoint {path} has an unreadable {MANIFEST}") from None
-        verify_checkpoint(path, manifest.get("files", {}))
-        return manifest
-
     def load(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int]:
         """Restores the states in place and returns the train state: the keys of `train_state` that the
         checkpoint holds."""
         path = self.folder / f"step-{step}"
-        try:
-            manifest = self._check_usable(path)
-        except (ValueError, OSError) as e:
-            raise CheckpointError(str(e)) from None
-        for key in ("model", "flavor", "model_args"):
-            if manifest.get(key) != self.identity.get(key):
-                what = "different model dimensions" if key == "model_args" else "another model"
-                raise CheckpointError(
-                    f"checkpoint {path} holds {what} ({manifest.get('model')}/{manifest.get('flavor')}) than this "
-                    f"run ({self.identity.get('model')}/{self.identity.get('flavor')}); use another "
-                    "checkpoint.folder or job.dump_folder"
-                )
+        manifest = read_manifest(path)
+        check_identity(path, manifest, self.identity)
         wanted = set(manifest.get("contents", ["model", "optimizer", "lr_scheduler", "train_state"]))
         wanted -= set(self.config.exclude_from_loading)
         state = self._state(parts, optimizers, lr_schedulers, train_state)
         state = {k: v for k, v in state.items() if k in wanted}
         if "train_state" in state:
             # Counters added after the checkpoint was written are not in it: the caller keeps its defaults.
-            saved = set(load_metadata(path).state_dict_metadata)
+            try:
+                saved = set(load_metadata(path).state_dict_metadata)
+            except ValueError as e:
+                raise DamagedCheckpoint(str(e)) from None
             state["train_state"] = {k: v for k, v in state["train_state"].items() if f"train_state.{k}" in saved}
-        try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
-        except Exception as e:  # DCP wraps rank failures in its own exception types
-            raise CheckpointError(f"cannot load checkpoint {path}: {str(e).splitlines()[0][:300]}") from e
+        read_checkpoint(path, state)
         for part, opt, sched in zip(parts, optimizers, lr_schedulers):
             if "model" in state:
                 set_model_state_dict(part, state["model"], options=PARTIAL)
@@ -257,7 +291,6 @@ class CheckpointManager:
         train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
         logger.info(f"resumed from checkpoint {path} ({', '.join(sorted(state))})")
         return train_state
-
 
 def load_full_model_state_dict(model, full_state_dict: dict[str, torch.Tensor],
                                broadcast_from_rank0: bool = False) -> None:

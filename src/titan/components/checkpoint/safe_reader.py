@@ -41,11 +41,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def load_metadata(path: Path) -> Metadata:
-    data = (path / ".metadata").read_bytes()
     try:
+        data = (path / ".metadata").read_bytes()
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # any unpickling failure means the metadata is unusable
-        raise ValueError(f"bad checkpoint metadata in {path}: {e}") from None
+        raise ValueError(f"bad checkpoint metadata in {path}: {str(e)[:200]}") from None
     if not isinstance(metadata, Metadata):
         raise ValueError(f"bad checkpoint metadata in {path}: not DCP metadata")
     return metadata
@@ -60,23 +60,17 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-def data_file_sizes(path: Path) -> dict[str, int]:
-    """Sizes of a checkpoint's data files, recorded at commit and checked before loading."""
-    return {p.name: p.stat().st_size for p in sorted(path.glob("*.distcp"))}
-
-
-def verify_checkpoint(path: Path, recorded_sizes: dict[str, int]) -> None:
-    """Raises ValueError naming the first missing, truncated or inconsistent file."""
-    actual = data_file_sizes(path)
-    for name, size in recorded_sizes.items():
-        if name not in actual:
-            raise ValueError(f"checkpoint {path} is missing shard {name}")
-        if actual[name] != size:
-            raise ValueError(f"checkpoint {path} shard {name} has {actual[name]} bytes, {size} were written")
-    metadata = load_metadata(path)
+def metadata_problem(path: Path) -> str | None:
+    """Why the metadata cannot be used (unreadable, not DCP's, or pointing past the end of a shard); or None."""
+    try:
+        metadata = load_metadata(path)
+    except (ValueError, OSError) as e:
+        return str(e)
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
         needed[str(info.relative_path)] = max(needed.get(str(info.relative_path), 0), info.offset + info.length)
     for name, end in needed.items():
-        if actual.get(name, -1) < end:
-            raise ValueError(f"checkpoint {path} shard {name} is shorter than its metadata says")
+        file = path / name
+        if not file.is_file() or file.stat().st_size < end:
+            return f"shard {name} is shorter than its metadata says"
+    return None

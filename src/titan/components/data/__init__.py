@@ -20,17 +20,22 @@ from titan.components.data.tokenizer import (
     corpus_bpe_tokenizer,
     hf_folder_tokenizer,
 )
+from titan.tools.cli import UserError
 
 # Data sets that TorchTitan's configs name and that titan does not ship.
 TORCHTITAN_DATASETS = {"c4_test": "TorchTitan's 2K-document test set", "c4": "allenai/c4 (177M documents)"}
 
 
 def check_dataset(training) -> None:
-    """A data set name that only TorchTitan knows: one line naming what to use instead."""
+    """A data set name this run cannot read (one of TorchTitan's, or a misspelling): one line naming the fix."""
     if training.dataset in TORCHTITAN_DATASETS and not training.dataset_path:
-        raise ValueError(f"training.dataset {training.dataset!r} ({TORCHTITAN_DATASETS[training.dataset]}) is not "
-                         "shipped with titan: use --training.dataset wiki_offline (bundled Wikipedia leads), or "
-                         "--training.dataset_path with local copies of its json/parquet files")
+        raise UserError(f"training.dataset {training.dataset!r} ({TORCHTITAN_DATASETS[training.dataset]}) is not "
+                        "shipped with titan: use --training.dataset wiki_offline (bundled Wikipedia leads), or "
+                        "--training.dataset_path with local copies of its json/parquet files")
+    # A name that is neither the bundled corpus nor a hub id ("owner/name") is a misspelling.
+    if not training.dataset_path and training.dataset != "wiki_offline" and "/" not in training.dataset:
+        raise UserError(f"training.dataset {training.dataset!r} is neither the bundled 'wiki_offline' nor a "
+                        "Hugging Face hub id (owner/name); fix the name, or set training.dataset_path to your files")
 
 
 def tokenizer_kind(job_config) -> str:
@@ -52,7 +57,7 @@ def build_tokenizer(job_config) -> Tokenizer:
         return Llama3Tokenizer()
     training = job_config.training
     if not training.dataset_path and training.dataset != "wiki_offline":
-        raise ValueError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
+        raise UserError(f"the corpus BPE tokenizer is trained on a local corpus, not on the stream "
                          f"{training.dataset!r}; use --model.tokenizer llama3")
     return corpus_bpe_tokenizer(
         lambda: split_documents(load_documents(training), training.validation_fraction, "train"),

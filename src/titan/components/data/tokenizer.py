@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from titan.tools.cli import UserError
+
 # Meta's Llama 3 pre-tokenizer split pattern.
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -48,7 +50,7 @@ def llama3_tokenizer_path() -> Path:
     spec = importlib.util.find_spec("llama_models")
     path = Path(spec.submodule_search_locations[0]) / "llama3" / "tokenizer.model" if spec else None
     if path is None or not path.is_file():
-        raise FileNotFoundError(
+        raise UserError(
             "the Llama 3 tokenizer file is missing; install it with: pip install 'llama-models==0.3.0' "
             "(or pip install -e '.[data]')"
         )
@@ -92,7 +94,7 @@ class BPETokenizer(Tokenizer):
         self.vocab_size = self.model.get_vocab_size()
         self.bos_id, self.eos_id = self.model.token_to_id(bos), self.model.token_to_id(eos)
         if self.bos_id is None or self.eos_id is None:
-            raise ValueError(f"{path} has no {bos if self.bos_id is None else eos} token; name the begin/end "
+            raise UserError(f"{path} has no {bos if self.bos_id is None else eos} token; name the begin/end "
                              "tokens in tokenizer_config.json (bos_token, eos_token)")
 
     def _encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -142,7 +144,7 @@ def hf_folder_tokenizer(folder: Path) -> Tokenizer:
         path = folder / "original" / "tokenizer.model"
         tokenizer = Llama3Tokenizer(path)
     else:
-        raise FileNotFoundError(f"model.hf_assets_path {folder} holds neither tokenizer.json nor "
+        raise UserError(f"model.hf_assets_path {folder} holds neither tokenizer.json nor "
                                 "original/tokenizer.model; download the model's tokenizer there, or pass "
                                 "--model.hf_assets_path '' to use model.tokenizer")
     tokenizer.identity = hashlib.sha1(path.read_bytes()).hexdigest()[:16]

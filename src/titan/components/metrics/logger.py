@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,6 +52,12 @@ class MetricsLogger:
             self.tb = SummaryWriter(log_dir=str(Path(dump_folder) / tb_folder))
         if enable_wandb:
             self.wandb = start_wandb(dump_folder, run_name, run_config)
+
+    @classmethod
+    def from_config(cls, job_config, rank: int) -> MetricsLogger:
+        m = job_config.metrics
+        return cls(job_config.dump_folder, m.enable_jsonl, m.enable_tensorboard, rank, m.save_tb_folder,
+                   m.enable_wandb, job_config.job.name, dataclasses.asdict(job_config))
 
     def log(self, record: dict[str, Any], eta_s: float) -> None:
         if not self.is_writer:

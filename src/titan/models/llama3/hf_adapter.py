@@ -12,6 +12,7 @@ import re
 import torch
 
 from titan.models.llama3.model import ModelArgs
+from titan.tools.cli import UserError
 
 _LAYER_NAMES = {
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -75,7 +76,7 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str
         if not m or m.group(2) not in layer:
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a cached buffer some exports carry
-            raise ValueError(f"unknown Hugging Face Llama parameter {key}")
+            raise UserError(f"unknown Hugging Face Llama parameter {key}")
         name = layer[m.group(2)]
         if name == "attention.wq.weight":
             value = _to_interleaved(value, args.n_heads)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from titan.models.llama3.model import ModelArgs
+from titan.tools.cli import UserError
 
 # ModelArgs field -> (config.json name, model.* key that sets it), for the one-line mismatch messages.
 FIELDS = {
@@ -38,11 +39,11 @@ LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor")
 def read_hf_config(folder: Path) -> dict[str, Any]:
     path = Path(folder) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json; point at a Hugging Face model folder")
+        raise UserError(f"{folder} has no config.json; point at a Hugging Face model folder")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise UserError(f"{path} is not valid JSON: {e}") from None
 
 
 def _rope(cfg: dict[str, Any], source: str) -> dict[str, Any]:
@@ -52,10 +53,10 @@ def _rope(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     if kind == "default":
         return {"rope_theta": float(theta), "rope_scaling": "none"}
     if kind != "llama3":
-        raise ValueError(f"{source}: rope type {kind!r} is not supported; titan's Llama knows 'default' and 'llama3'")
+        raise UserError(f"{source}: rope type {kind!r} is not supported; titan's Llama knows 'default' and 'llama3'")
     missing = [k for k in LLAMA3_KEYS if k not in rope]
     if missing:
-        raise ValueError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}")
+        raise UserError(f"{source}: llama3 rope scaling lacks {', '.join(missing)}")
     return {
         "rope_theta": float(theta), "rope_scaling": "llama3", "rope_factor": float(rope["factor"]),
         "rope_low_freq_factor": float(rope["low_freq_factor"]),
@@ -69,14 +70,14 @@ def _rope(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 def args_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelArgs:
     """ModelArgs for a transformers LlamaConfig dict; refuses what this model cannot compute."""
     if cfg.get("model_type", "llama") != "llama":
-        raise ValueError(f"{source}: model_type {cfg.get('model_type')!r} is not a Llama")
+        raise UserError(f"{source}: model_type {cfg.get('model_type')!r} is not a Llama")
     for key, value in FIXED.items():
         if cfg.get(key, value) != value:
-            raise ValueError(f"{source}: {key} = {cfg[key]!r} is not supported (titan's Llama has {value!r})")
+            raise UserError(f"{source}: {key} = {cfg[key]!r} is not supported (titan's Llama has {value!r})")
     try:
         dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         if cfg.get("head_dim") not in (None, dim // heads):
-            raise ValueError(f"{source}: head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads "
+            raise UserError(f"{source}: head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads "
                              f"({dim // heads}), which titan's Llama needs")
         fields = dict(
             dim=dim, n_layers=int(cfg["num_hidden_layers"]), n_heads=heads,
@@ -86,11 +87,11 @@ def args_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelArgs:
             max_context_len=int(cfg.get("max_position_embeddings", 2048)), **_rope(cfg, source),
         )
     except KeyError as e:
-        raise ValueError(f"{source} lacks {e.args[0]}; is it a Llama config?") from None
+        raise UserError(f"{source} lacks {e.args[0]}; is it a Llama config?") from None
     try:
         return ModelArgs(**fields)
     except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
+        raise UserError(f"{source}: {e}") from None
 
 
 def check_same_architecture(args: ModelArgs, hf_args: ModelArgs, source: str) -> None:
@@ -102,7 +103,7 @@ def check_same_architecture(args: ModelArgs, hf_args: ModelArgs, source: str) ->
         if name.startswith("rope_") and name not in ("rope_theta", "rope_scaling") and args.rope_scaling == "none":
             continue
         if ours != theirs:
-            raise ValueError(f"{source} has {hf_name} = {theirs!r} but the run's model has {key} = {ours!r}; take "
+            raise UserError(f"{source} has {hf_name} = {theirs!r} but the run's model has {key} = {ours!r}; take "
                              "the architecture from the folder with --model.flavor hf, or fix the config")
 
 

@@ -15,11 +15,23 @@ import torch
 from titan.models.llama3.hf_adapter import from_hf, to_hf
 from titan.models.llama3.hf_config import hf_config
 from titan.models.llama3.model import ModelArgs, Transformer
+from titan.tools.cli import UserError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # Shard size of big exports; transformers' own default.
 MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def _open(file: Path):
+    """A safetensors file opened for reading; a damaged one is named in one line."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(file), "pt")
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError) for a damaged file
+        raise UserError(f"{file} is not a readable safetensors file ({type(e).__name__}: "
+                        f"{str(e).strip()[:200]}); re-download it") from None
 
 
 def weight_map(folder: Path) -> dict[str, Path]:
@@ -29,18 +41,16 @@ def weight_map(folder: Path) -> dict[str, Path]:
         try:
             mapping = json.loads((folder / INDEX).read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{folder / INDEX} is not a safetensors index (no weight_map)") from None
+            raise UserError(f"{folder / INDEX} is not a safetensors index (no weight_map)") from None
         files = {name: folder / file for name, file in mapping.items()}
         missing = sorted({str(f) for f in files.values() if not f.is_file()})
         if missing:
-            raise FileNotFoundError(f"{folder / INDEX} names {missing[0]}, which is missing")
+            raise UserError(f"{folder / INDEX} names {missing[0]}, which is missing")
         return files
     if (folder / SINGLE).is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(folder / SINGLE), "pt") as f:
+        with _open(folder / SINGLE) as f:
             return {name: folder / SINGLE for name in f.keys()}
-    raise FileNotFoundError(f"{folder} holds neither {SINGLE} nor {INDEX}; point at a Hugging Face model folder")
+    raise UserError(f"{folder} holds neither {SINGLE} nor {INDEX}; point at a Hugging Face model folder")
 
 
 def expected_hf_shapes(args: ModelArgs) -> dict[str, torch.Size]:
@@ -52,8 +62,6 @@ def expected_hf_shapes(args: ModelArgs) -> dict[str, torch.Size]:
 def load_hf_weights(folder: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
     """The model's state dict in titan's names and the files' dtype, every name and shape checked against `args`
     first."""
-    from safetensors import safe_open
-
     files = weight_map(folder)
     expected = expected_hf_shapes(args)
     # A tied model's file may still carry lm_head (a copy of the embedding); RoPE caches are not weights.
@@ -62,17 +70,17 @@ def load_hf_weights(folder: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
     missing = [k for k in expected if k not in files]
     if missing or extra:
         what = f"lacks {missing[0]}" if missing else f"has {extra[0]}, which the model has no place for"
-        raise ValueError(f"{folder} {what} ({len(missing)} missing, {len(extra)} unexpected tensors); "
+        raise UserError(f"{folder} {what} ({len(missing)} missing, {len(extra)} unexpected tensors); "
                          "its config.json and weights disagree with the run's model")
     tensors = {}
     for file in sorted(set(files[k] for k in expected)):
-        with safe_open(str(file), "pt") as f:
+        with _open(file) as f:
             for name in f.keys():
                 if name not in expected:
                     continue
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != tuple(expected[name]):
-                    raise ValueError(f"{file}: {name} has shape {list(shape)}, the model needs "
+                    raise UserError(f"{file}: {name} has shape {list(shape)}, the model needs "
                                      f"{list(expected[name])}; config.json and the weights disagree")
                 tensors[name] = f.get_tensor(name)
     return from_hf(tensors, args)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan.tools.cli import UserError
+
 
 @dataclass
 class ModelArgs:
@@ -43,23 +45,23 @@ class ModelArgs:
         kv = self.n_kv_heads or self.n_heads
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len", "max_context_len"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"model {name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"model {name} must be > 0, got {getattr(self, name)}")
         if self.dim % self.n_heads:
-            raise ValueError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % kv:
-            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
+            raise UserError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
         if self.head_dim % 2:
-            raise ValueError(f"head dim {self.head_dim} (dim / n_heads) must be even for RoPE")
+            raise UserError(f"head dim {self.head_dim} (dim / n_heads) must be even for RoPE")
         if self.hidden_dim < 0 or self.norm_eps <= 0 or self.rope_theta <= 0:
-            raise ValueError(f"model hidden_dim must be >= 0 and norm_eps, rope_theta > 0, got {self.hidden_dim}, "
+            raise UserError(f"model hidden_dim must be >= 0 and norm_eps, rope_theta > 0, got {self.hidden_dim}, "
                              f"{self.norm_eps}, {self.rope_theta}")
         if self.rope_scaling == "llama3":
             if not (self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
-                raise ValueError(f"llama3 rope scaling needs factor >= 1 and 0 < low_freq_factor < "
+                raise UserError(f"llama3 rope scaling needs factor >= 1 and 0 < low_freq_factor < "
                                  f"high_freq_factor, got {self.rope_factor}, {self.rope_low_freq_factor}, "
                                  f"{self.rope_high_freq_factor}")
             if self.rope_original_max_seq_len <= 0:
-                raise ValueError(f"rope original context must be > 0, got {self.rope_original_max_seq_len}")
+                raise UserError(f"rope original context must be > 0, got {self.rope_original_max_seq_len}")
 
     @property
     def head_dim(self) -> int:

@@ -17,6 +17,7 @@ from torch.distributed.tensor.parallel import (
 
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
 from titan.quantization.float8 import apply_float8, enable_float8_all_gather
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 
@@ -66,7 +67,7 @@ def apply_async_tp(tp_mesh: DeviceMesh) -> None:
 
 def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
     if parallel_dims.tp_enabled:
-        raise ValueError("float8.enable_fsdp_float8_all_gather with tensor parallel is not supported; drop one")
+        raise UserError("float8.enable_fsdp_float8_all_gather with tensor parallel is not supported; drop one")
     if not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled):
         logger.info("float8 all-gather: no FSDP on this layout, nothing to gather")
         return
@@ -76,7 +77,7 @@ def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
 def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
     if model.args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
         # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
-        raise ValueError("tied embeddings (model.tie_embeddings, Llama 3.2 1B/3B) train with FSDP/HSDP and context "
+        raise UserError("tied embeddings (model.tie_embeddings, Llama 3.2 1B/3B) train with FSDP/HSDP and context "
                          "parallel; drop tensor/pipeline parallel or pass --model.tie_embeddings untied")
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
@@ -84,7 +85,7 @@ def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
         tp = parallel_dims.tp
         kv = args.n_kv_heads or args.n_heads
         if args.n_heads % tp or kv % tp:
-            raise ValueError(f"tensor_parallel_degree {tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
+            raise UserError(f"tensor_parallel_degree {tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
         tp_mesh = parallel_dims.world_mesh["tp"]
         apply_tp(model, tp_mesh, job_config.parallelism.enable_loss_parallel)
         if job_config.parallelism.enable_async_tensor_parallel:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from titan.models.llama3.hf_config import args_from_hf, check_same_architecture, read_hf_config
 from titan.models.llama3.model import ModelArgs
+from titan.tools.cli import UserError
 
 _INT_KEYS = ("vocab_size", "hidden_dim", "multiple_of", "rope_original_max_seq_len")
 _FLOAT_KEYS = ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
@@ -25,7 +26,7 @@ def args_from_folder(job_config) -> ModelArgs:
     folder = hf_weights_folder(job_config) or (Path(job_config.model.hf_assets_path)
                                                if job_config.model.hf_assets_path else None)
     if folder is None:
-        raise ValueError("model.flavor 'hf' takes the architecture from a Hugging Face folder: set "
+        raise UserError("model.flavor 'hf' takes the architecture from a Hugging Face folder: set "
                          "checkpoint.initial_load_path (with checkpoint.initial_load_in_hf) or model.hf_assets_path")
     return args_from_hf(read_hf_config(folder), str(folder / "config.json"))
 
@@ -53,9 +54,9 @@ def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:
     try:
         args = dataclasses.replace(args, **overrides, max_seq_len=job_config.training.seq_len)
     except ValueError as e:
-        raise ValueError(f"model: {e}") from None
+        raise UserError(f"model: {e}") from None
     if tokenizer.vocab_size > args.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only "
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only "
                          f"{args.vocab_size}; raise model.vocab_size or use the model's own tokenizer")
     if hf_args is not None:
         check_same_architecture(args, hf_args, source)

@@ -60,13 +60,14 @@ def malicious_metadata(step_dir):
 
 
 @pytest.mark.parametrize("damage, reason", [
-    (truncate_shard, "bytes"), (delete_shard, "missing shard"), (garble_metadata, "bad checkpoint metadata"),
+    (truncate_shard, "bytes"), (delete_shard, "is missing"), (garble_metadata, "bad checkpoint metadata"),
     (malicious_metadata, "posix.system, which is not allowed"),
 ], ids=["truncated", "missing", "garbled", "malicious"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(three_steps, tmp_path, damage, reason):
     folder = damaged_copy(three_steps, tmp_path, damage)
     proc = run_train([*CKPT, "--training.steps", "4", "--job.dump_folder", str(folder)])
-    assert "skipping unusable checkpoint" in proc.stdout and reason in proc.stdout
+    warnings = [line for line in proc.stdout.splitlines() if "skipping damaged checkpoint" in line]
+    assert len(warnings) == 1 and reason in warnings[0] and "step-3" in warnings[0]
     assert "resumed from checkpoint" in proc.stdout and "step-2" in proc.stdout
     assert "pwned" not in proc.stdout
     assert [r["step"] for r in read_metrics(folder)] == [3, 4]
@@ -87,6 +88,8 @@ def test_kill_during_save_resumes_from_the_previous_checkpoint(tmp_path):
     assert names == ["step-1", "step-2", "step-3.tmp"]
     proc = run_train([*CKPT, "--training.steps", "4", "--job.dump_folder", str(tmp_path)])
     assert "step-2" in proc.stdout.split("resumed from checkpoint")[1].splitlines()[0]
+    assert "removed 1 unfinished checkpoint folder" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-1", "step-2", "step-3", "step-4"]
 
 
 def test_nan_loss_stops_with_the_step_and_saves_nothing_of_it(tmp_path):

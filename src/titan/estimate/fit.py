@@ -1,0 +1,72 @@
+"""Checks before a run starts that it fits this machine: memory (from the estimator) and checkpoint size."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+from titan.estimate.costs import GIB, OPTIMIZER_STATES, Hardware
+from titan.models import get_model_spec
+from titan.tools.cli import UserError
+from titan.tools.logging import logger
+
+# What the step-time model reads of the model's arguments: models of another shape are not estimated.
+LLAMA_SHAPE = ("dim", "n_layers", "n_heads", "head_dim", "ffn_hidden_dim", "vocab_size")
+
+
+def available_bytes() -> tuple[float, str]:
+    """Memory one rank of this job may use: its GPU's, or the node's available RAM over its local ranks."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        return float(torch.cuda.get_device_properties(device).total_memory), "GPU memory"
+    with open("/proc/meminfo") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    return kib * 1024 / local_ranks, f"available RAM{f' / {local_ranks} local ranks' if local_ranks > 1 else ''}"
+
+
+def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None:
+    """The estimator's memory of this run's most loaded rank, by kind; None for a model it cannot estimate."""
+    from titan.estimate.dry_run import estimate, resolve_model_args  # it imports the builders, which import this
+
+    spec = get_model_spec(job_config.model.name, job_config.model.spec)
+    if not all(hasattr(spec.flavors.get(job_config.model.flavor), k) for k in LLAMA_SHAPE):
+        return None
+    args = resolve_model_args(spec, job_config)
+    if not all(hasattr(args, k) for k in LLAMA_SHAPE):
+        return None
+    config = dataclasses.replace(job_config, comm=dataclasses.replace(job_config.comm, world_size=world_size))
+    report = estimate(config, Hardware(peak_tflops=1.0))
+    return max((r["memory_bytes"] for r in report["ranks"]), key=lambda m: sum(m.values()))
+
+
+def check_memory(job_config, world_size: int) -> None:
+    """Refuses, before anything is built, a run whose estimated peak memory per rank exceeds what it has.
+
+    Runs before the process group exists (the estimator's dry run uses a fake one) and only then."""
+    if not job_config.debug.memory_check or dist.is_initialized():
+        return
+    memory = estimated_peak_bytes(job_config, world_size)
+    if memory is None:
+        return
+    need, (have, what) = sum(memory.values()), available_bytes()
+    top = sorted(memory.items(), key=lambda kv: -kv[1])[:2]
+    logger.info(f"estimated peak memory {need / GIB:.2f} GiB per rank, {what} {have / GIB:.1f} GiB")
+    if need > have:
+        t = job_config.training
+        raise UserError(
+            f"this run needs about {need / GIB:.1f} GiB per rank ({', '.join(f'{k} {v / GIB:.1f}' for k, v in top)}"
+            f" GiB at training.seq_len {t.seq_len}, local_batch_size {t.local_batch_size}), more than the "
+            f"{have / GIB:.1f} GiB of {what}; lower those, set activation_checkpoint.mode, or add ranks "
+            "(python -m titan.estimate shows the breakdown; --debug.memory_check false skips this check)")
+
+
+def checkpoint_bytes(num_params: int, optimizer_config, param_bytes: int = 4) -> float:
+    """Bytes of one training checkpoint: the fp32 weights and the optimizer's states of each."""
+    states = OPTIMIZER_STATES[optimizer_config.name]
+    if optimizer_config.name == "SGD" and optimizer_config.momentum == 0:
+        states = 0
+    return float(num_params * param_bytes * (1 + states))

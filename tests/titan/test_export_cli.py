@@ -1,0 +1,45 @@
+"""Bad input to `python -m titan.export`: one `error:` line, exit 2, and the run's files untouched."""
+
+import pytest
+
+from tests.titan.conftest import TINY, run_train
+from titan.export import main
+
+
+def error_line(capsys):
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [[], ["--to-hf"], ["--config", "x.toml"], ["--from-hf", "--config"]])
+def test_usage_mistakes_say_what_to_give(capsys, argv):
+    assert main(argv) == 2
+    assert "give --to-hf OUT_DIR or --from-hf HF_DIR first" in error_line(capsys)
+
+
+def test_an_existing_file_as_the_target(tmp_path, capsys):
+    target = tmp_path / "model.bin"
+    target.write_text("x")
+    assert main(["--to-hf", str(target), "--job.dump_folder", str(tmp_path / "run")]) == 2
+    assert f"--to-hf {target} is a file" in error_line(capsys)
+
+
+def test_garbage_safetensors_names_the_file(tmp_path, capsys):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"\x00garbage" * 100)
+    assert main(["--from-hf", str(hf), "--job.dump_folder", str(tmp_path / "run")]) == 2
+    assert f"{hf / 'model.safetensors'} is not a readable safetensors file" in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_leaves_the_runs_config_alone_even_when_it_fails(tmp_path, capsys):
+    run = tmp_path / "run"
+    run_train([*TINY, "--training.steps", "1", "--checkpoint.enable", "--job.dump_folder", str(run)])
+    before = (run / "config.toml").read_text()
+    assert main(["--to-hf", str(tmp_path / "hf"), *TINY, "--job.dump_folder", str(run)]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert main(["--to-hf", str(tmp_path / "hf2"), *TINY, "--model.n_layers", "3", "--job.dump_folder", str(run)]) == 2
+    assert "with other dimensions: n_layers 2 (this run 3)" in capsys.readouterr().err
+    assert (run / "config.toml").read_text() == before
