@@ -160,7 +160,7 @@ def lcsm_lengths(c: Check) -> list[int]:
 
 def part_lcsm(c: Check, deadline: float) -> None:
     """One lcsm.bench process per length, longer ones while the budget lasts (each about 2-4x the last)."""
-    from lcsm.tau import triton_available
+    from lcsm.inference.tau import triton_available
 
     methods = ["lazy", "eager", "flash", "flash_fft"] + (["flash_triton"] if triton_available(c.device) else [])
     size = ["--channels", "8", "--layers", "1", "--budget", "2"] if c.dry else ["--budget", "15"]

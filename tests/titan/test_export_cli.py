@@ -1,5 +1,7 @@
 """Bad input to `python -m titan.export`: one `error:` line, exit 2, and the run's files untouched."""
 
+import json
+
 import pytest
 
 from tests.titan.conftest import TINY, run_train
@@ -28,8 +30,14 @@ def test_an_existing_file_as_the_target(tmp_path, capsys):
 def test_garbage_safetensors_names_the_file(tmp_path, capsys):
     hf = tmp_path / "hf"
     hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+        "tie_word_embeddings": False}))
     (hf / "model.safetensors").write_bytes(b"\x00garbage" * 100)
-    assert main(["--from-hf", str(hf), "--job.dump_folder", str(tmp_path / "run")]) == 2
+    assert main(["--from-hf", str(hf), "--model.flavor", "hf", "--training.seq_len", "32",
+                 "--job.dump_folder", str(tmp_path / "run")]) == 2
     assert f"{hf / 'model.safetensors'} is not a readable safetensors file" in error_line(capsys)
     assert not (tmp_path / "run").exists()
 

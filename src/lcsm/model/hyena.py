@@ -179,7 +179,7 @@ class HyenaBlock(nn.Module):
         self.init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
 
     def forward(self, x: torch.Tensor, long_conv: LongConv | None = None) -> torch.Tensor:
-        h = x + self.mixer(self.mixer_norm(x), long_conv)
+        h = x + self.mixer(self.mixer_norm(x), long_conv=long_conv)  # a keyword: TP plans lay out positional inputs
         return h + self.mlp(self.mlp_norm(h))
 
     def init_weights(self) -> None:

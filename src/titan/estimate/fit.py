@@ -35,7 +35,12 @@ def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
     if not all(hasattr(spec.flavors.get(job_config.model.flavor), k) for k in LLAMA_SHAPE):
         return None
-    args = resolve_model_args(spec, job_config)
+    try:
+        args = resolve_model_args(spec, job_config)
+    except UserError:
+        # The estimate stands in the flavor's vocabulary for the tokenizer; a model it cannot resolve so (e.g. one
+        # whose architecture comes from an HF folder) is left to the run, which reports with the real tokenizer.
+        return None
     if not all(hasattr(args, k) for k in LLAMA_SHAPE):
         return None
     config = dataclasses.replace(job_config, comm=dataclasses.replace(job_config.comm, world_size=world_size))

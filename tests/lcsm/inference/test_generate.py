@@ -85,7 +85,7 @@ def test_a_crafted_checkpoint_metadata_is_refused_not_executed(tmp_path, capsys,
     # Past the identity check, as a crafted manifest copying the real one would be.
     monkeypatch.setattr("titan.components.checkpoint.reader.check_identity", lambda *args: None)
     monkeypatch.chdir(tmp_path)
-    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "lcsm", "hyena_debug.toml")
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "lcsm", "hyena_debug.toml")
     assert main(["--config", config, "--checkpoint", str(step), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "posix.system, which is not allowed" in err[0]
@@ -96,7 +96,7 @@ def test_a_llama_checkpoint_is_named_as_such(tmp_path, capsys):
     step = tmp_path / "step-1"
     step.mkdir()
     (step / "titan.json").write_text('{"model": "llama3", "flavor": "debug", "files": {}}')
-    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "lcsm", "hyena_debug.toml")
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "lcsm", "hyena_debug.toml")
     assert main(["--config", config, "--checkpoint", str(step), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds llama3/debug, this run builds hyena/" in err[0]

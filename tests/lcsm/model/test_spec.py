@@ -8,7 +8,7 @@ from lcsm.model.spec import hyena_flavors, hyena_spec, update_model_args
 from tests.titan.conftest import assert_same_run, read_metrics, run_train
 from titan.models import get_model_spec
 
-TINY = ["--config", str(Path(__file__).parents[2] / "configs/lcsm/hyena_debug.toml"), "--model.dim", "32",
+TINY = ["--config", str(Path(__file__).parents[3] / "configs/lcsm/hyena_debug.toml"), "--model.dim", "32",
         "--model.n_layers", "2", "--training.seq_len", "64", "--training.local_batch_size", "8",
         "--training.mixed_precision_param", "float32", "--metrics.log_freq", "1", "--metrics.enable_tensorboard",
         "false", "--validation.enable", "false", "--lr_scheduler.warmup_steps", "2"]

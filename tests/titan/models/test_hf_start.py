@@ -10,6 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from titan.components.data.tokenizer import BOS, EOS, hf_folder_tokenizer, llama3_tokenizer_path  # noqa: E402
 from titan.config import parse_args  # noqa: E402
+from titan.tools.cli import UserError  # noqa: E402
 from titan.trainer import Trainer  # noqa: E402
 
 TEXT = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs."] * 40
@@ -90,7 +91,7 @@ def test_weights_that_disagree_with_config_json_are_named(hf_folder, tmp_path):
     with pytest.raises(ValueError, match=r"mlp\.(gate|up|down)_proj\.weight has shape .* the model needs"):
         Trainer(run_config(broken, tmp_path))
     (broken / "model.safetensors.index.json").unlink()
-    with pytest.raises(FileNotFoundError, match="holds neither model.safetensors nor"):
+    with pytest.raises(UserError, match="holds neither model.safetensors nor"):
         Trainer(run_config(broken, tmp_path))
 
 

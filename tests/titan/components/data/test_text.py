@@ -9,6 +9,7 @@ import torch
 from titan.components.data import PackedTextLoader, StreamingTextLoader, build_text_dataloader, build_tokenizer
 from titan.components.data.text import load_documents, split_documents
 from titan.config import JobConfig
+from titan.tools.cli import UserError
 
 
 def make_loader(tokens, dp_rank=0, dp_degree=1, batch=2, seq_len=8, shuffle=True):
@@ -100,14 +101,14 @@ def test_local_files_of_each_type(tmp_path, suffix):
 def test_missing_data_path():
     cfg = JobConfig()
     cfg.training.dataset_path = "/nonexistent/corpus"
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(UserError, match="does not exist"):
         load_documents(cfg.training)
 
 
 def test_empty_data_folder(tmp_path):
     cfg = JobConfig()
     cfg.training.dataset_path = str(tmp_path)
-    with pytest.raises(FileNotFoundError, match="holds no .json"):
+    with pytest.raises(UserError, match="holds no .json"):
         load_documents(cfg.training)
 
 
