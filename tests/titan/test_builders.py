@@ -2,6 +2,7 @@
 that refuse a run early, and a materialized model equal to the one a single process initializes."""
 
 import dataclasses
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ from titan.builders import (
     full_initial_state_dict,
     resolve_model_args,
     split_for_pipeline,
+    warn_if_bf16_is_slow,
 )
 from titan.config import parse_args
 from titan.config.job_config import Training
@@ -74,3 +76,14 @@ def test_one_process_builds_exactly_the_weights_of_a_plain_seeded_init():
     assert set(got) == set(reference) and built.placement is None
     assert all(torch.equal(got[k], reference[k]) for k in reference)
     assert built.num_params == sum(v.numel() for v in reference.values())
+
+
+@pytest.mark.parametrize("bf16_units, precision, warned", [(False, "bfloat16", True), (True, "bfloat16", False),
+                                                           (False, "float32", False)])
+def test_bf16_on_a_cpu_without_bf16_units_is_flagged(monkeypatch, caplog, bf16_units, precision, warned):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_units)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cfg = parse_args(["--training.mixed_precision_param", precision])
+    with caplog.at_level(logging.WARNING, logger="titan"):
+        warn_if_bf16_is_slow(torch.device("cpu"), cfg)
+    assert any("--training.mixed_precision_param float32" in r.getMessage() for r in caplog.records) == warned
