@@ -4,16 +4,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm.inference.decode import fold_norm, new_decode_state, rms_scale
-from lcsm.model.hyena import HyenaArgs, HyenaLM
-
-ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
+from tests.lcsm.conftest import TINY_ARGS as ARGS
+from tests.lcsm.conftest import tiny_hyena
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = HyenaLM(ARGS).double()
-    m.init_weights()
+    m = tiny_hyena()
     for p in m.parameters():  # nonzero biases and norm weights, so that a wrongly folded one shows
         if p.dim() == 1:
             torch.nn.init.normal_(p, std=0.5)

@@ -1,17 +1,14 @@
 import pytest
 import torch
 
-from lcsm.model.hyena import HyenaArgs, HyenaLM, flops_per_token, num_params
-
-ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=32, max_seq_len=24, filter_emb_dim=5, filter_hidden=8)
+from lcsm.model.hyena import HyenaLM, flops_per_token, num_params
+from tests.lcsm.conftest import TINY_ARGS as ARGS
+from tests.lcsm.conftest import tiny_hyena
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = HyenaLM(ARGS).double()
-    m.init_weights()
-    return m
+    return tiny_hyena()
 
 
 @pytest.fixture(scope="module")
