@@ -144,7 +144,7 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
     warm.grad = torch.zeros(1)
     torch.optim.AdamW([warm]).step()
     if cfg.training.engine == "titan":
-        cpu_peak_tflops()  # titan's MFU measures it once per process: not inside the first member's time
+        cpu_peak_tflops(torch.float32)  # titan's MFU measures it once per process: not in the first member's time
     labels = eval_labels(data, cfg.data.test_limit)
     log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
         + ", ".join(describe(a) for a in members[:max(sizes)]))

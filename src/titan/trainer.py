@@ -94,7 +94,8 @@ class Trainer:
         self.checkpointer = build_checkpointer(job_config, self.spec.name, self.model_args, self.num_params)
         if not job_config.checkpoint.create_seed_checkpoint:
             self._resume()
-        self.peak_tflops = device_peak_tflops(self.device, job_config.metrics.cpu_peak_tflops)
+        self.peak_tflops = device_peak_tflops(self.device, TORCH_DTYPES[job_config.training.mixed_precision_param],
+                                              job_config.metrics.cpu_peak_tflops)
         self.metrics = MetricsLogger.from_config(job_config, self.rank)
         if job_config.job.print_config:
             logger.info(f"config:\n{to_toml(job_config)}")

@@ -30,6 +30,7 @@ def test_training_on_the_corpus_lowers_the_loss(tmp_path, tiny_args):
         assert 0.7 < rec["tps"] * (rec["elapsed_s"] - prev["elapsed_s"]) / (5 * 8 * 64) < 1.3
         assert rec["tflops"] / rec["tps"] == pytest.approx(records[1]["tflops"] / records[1]["tps"], rel=1e-9)
         assert rec["mfu"] / rec["tflops"] == pytest.approx(records[1]["mfu"] / records[1]["tflops"], rel=1e-9)
+    assert 0 < records[-1]["mfu"] < 100, "fp32 run: MFU is against the fp32 matmul peak, never above it"
     assert 0.05 < records[-1]["memory_gib"] < 24
     assert list((tmp_path / "tb").iterdir()), "tensorboard events expected"
 

@@ -222,7 +222,7 @@ class Metrics:
     enable_jsonl: bool = True
     """Write <dump_folder>/metrics.jsonl."""
     cpu_peak_tflops: float = 0.0
-    """Peak TFLOP/s used for MFU on a CPU (0 = measure a bf16 matmul once and cache it)."""
+    """Peak TFLOP/s used for MFU on a CPU (0 = measure a matmul in training.mixed_precision_param, cached)."""
     comm_stats: bool = False
     """Count each step's collectives and log their payload bytes per kind:group as comm_bytes (slows steps)."""
 

@@ -1,4 +1,5 @@
-"""Peak FLOP/s of the device (a table for GPUs, the best measurement so far on CPUs) and peak memory."""
+"""Peak FLOP/s of the device in the run's compute dtype (a table for GPUs, the best measurement so far on CPUs)
+and peak memory."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from titan.components.data.tokenizer import cache_dir
 
-# Dense bf16 peak TFLOP/s (no sparsity) by device-name fragment, most specific first.
+# Dense bf16/fp16 peak TFLOP/s (no sparsity) by device-name fragment, most specific first.
 GPU_PEAK_BF16_TFLOPS = [
     ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0),
     ("H20", 148.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0), ("MI300X", 1307.0), ("MI250X", 383.0),
@@ -40,13 +41,14 @@ def _cpu_name() -> str:
 
 
 CPU_PEAK_SIZES = (256, 1024, 2048, 3072)
-"""Square bf16 matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096; a CPU without bf16
-units is ~1000x slower and stops after the small ones, see the time budget)."""
+"""Square matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096; bf16 on a CPU without bf16
+units is emulated, ~10x slower than fp32, and stops after the small ones, see the time budget)."""
 
 
 def measure_matmul_peak_tflops(device: torch.device | str = "cpu", sizes: tuple[int, ...] = CPU_PEAK_SIZES,
-                               repeats: int = 5, budget_s: float = 3.0) -> dict[int, float]:
-    """Best bf16 matmul TFLOP/s per size on `device` (this process's threads on a CPU), random operands.
+                               repeats: int = 5, budget_s: float = 3.0,
+                               dtype: torch.dtype = torch.bfloat16) -> dict[int, float]:
+    """Best `dtype` matmul TFLOP/s per size on `device` (this process's threads on a CPU), random operands.
 
     Best of `repeats` timed products after one warm-up, per size: interference from other jobs only ever slows a
     product down, so the fastest one is the closest to what the hardware can do. Sizes go up while the
@@ -58,8 +60,8 @@ def measure_matmul_peak_tflops(device: torch.device | str = "cpu", sizes: tuple[
     for n in sizes:
         if rates and (repeats + 1) * 2 * n**3 / max(rates.values()) / 1e12 > budget_s - (perf_counter() - start):
             break
-        a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-        b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
         best = float("inf")
         for i in range(repeats + 1):
             _sync(device)
@@ -78,20 +80,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def cpu_peak_tflops() -> float:
-    """The best rate this CPU model and thread count has shown: measured once per process and thread count, and
-    the cache keeps the maximum over runs, so a measurement taken while other jobs load the machine (too low,
-    which would inflate MFU) gives way to the next better one."""
-    return _best_cpu_peak_tflops(cpu_peak_key())
+def cpu_peak_tflops(dtype: torch.dtype = torch.bfloat16) -> float:
+    """The best `dtype` matmul rate this CPU model and thread count has shown: measured once per process, thread
+    count and dtype, and the cache keeps the maximum over runs, so a measurement taken while other jobs load the
+    machine (too low, which would inflate MFU) gives way to the next better one. The dtype is the run's compute
+    dtype: an fp32 run measured against a bf16 peak showed 250% MFU on a CPU that emulates bf16."""
+    return _best_cpu_peak_tflops(cpu_peak_key(dtype), dtype)
 
 
-def cpu_peak_key() -> str:
-    """The cache's key: the CPU model, the thread count and the torch release (its matmul kernels)."""
-    return f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+def cpu_peak_key(dtype: torch.dtype = torch.bfloat16) -> str:
+    """The cache's key: the CPU model, the thread count, the torch release (its matmul kernels) and the dtype."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{dtype_name}"
 
 
 @functools.cache
-def _best_cpu_peak_tflops(key: str) -> float:
+def _best_cpu_peak_tflops(key: str, dtype: torch.dtype) -> float:
     path = cache_dir() / "cpu_peak_tflops.json"
     table = {}
     if path.is_file():
@@ -99,7 +103,7 @@ def _best_cpu_peak_tflops(key: str) -> float:
             table = json.loads(path.read_text())
         except ValueError:
             table = {}
-    measured = max(measure_matmul_peak_tflops().values())
+    measured = max(measure_matmul_peak_tflops(dtype=dtype).values())
     if measured > table.get(key, 0.0):
         table[key] = measured
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # ranks of one job may write at once
@@ -108,10 +112,13 @@ def _best_cpu_peak_tflops(key: str) -> float:
     return float(table[key])
 
 
-def device_peak_tflops(device: torch.device, configured_cpu_peak: float = 0.0) -> float | None:
+def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                       configured_cpu_peak: float = 0.0) -> float | None:
+    """The peak MFU divides by, in the run's compute dtype; None (MFU n/a) for a GPU not in the table and for fp32
+    on a GPU, whose peak depends on TF32 settings the table does not know."""
     if device.type == "cuda":
-        return gpu_peak_tflops(torch.cuda.get_device_name(device))
-    return configured_cpu_peak or cpu_peak_tflops()
+        return gpu_peak_tflops(torch.cuda.get_device_name(device)) if dtype != torch.float32 else None
+    return configured_cpu_peak or cpu_peak_tflops(dtype)
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -123,6 +130,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 if __name__ == "__main__":
-    # `python -m titan.components.metrics.throughput`: measure the CPU peak again (best of this and the cache).
-    print(f"bf16 matmul peak, {cpu_peak_key()}: {cpu_peak_tflops():.3f} TFLOP/s "
-          f"(best so far, kept in {cache_dir() / 'cpu_peak_tflops.json'})")
+    # `python -m titan.components.metrics.throughput`: measure the CPU peaks again (best of this and the cache).
+    for measured_dtype in (torch.bfloat16, torch.float32):
+        print(f"matmul peak, {cpu_peak_key(measured_dtype)}: {cpu_peak_tflops(measured_dtype):.3f} TFLOP/s "
+              f"(best so far, kept in {cache_dir() / 'cpu_peak_tflops.json'})")

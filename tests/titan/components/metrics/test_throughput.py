@@ -18,7 +18,7 @@ def test_gpu_peak_table(name, peak):
 def test_cpu_peak_is_measured_once_per_process_and_the_cache_keeps_the_best(tmp_path, monkeypatch):
     monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
     measurements = [0.5, 0.2, 0.7]  # three processes; the second ran on a loaded machine
-    monkeypatch.setattr(throughput, "measure_matmul_peak_tflops", lambda: {1024: measurements.pop(0)})
+    monkeypatch.setattr(throughput, "measure_matmul_peak_tflops", lambda dtype: {1024: measurements.pop(0)})
     seen = []
     for _ in range(3):
         throughput._best_cpu_peak_tflops.cache_clear()  # a new process
@@ -47,8 +47,29 @@ def test_peak_measurement_stops_before_sizes_that_would_outlast_its_budget(monke
     assert list(throughput.measure_matmul_peak_tflops("cpu", sizes=(64, 512), repeats=2, budget_s=30)) == [64]
 
 
+def test_the_cpu_peak_is_measured_and_cached_in_the_runs_compute_dtype(tmp_path, monkeypatch):
+    # This box emulates bf16 at ~1/13 of its fp32 rate: an fp32 run divided by the bf16 peak showed 250% MFU.
+    monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(throughput, "measure_matmul_peak_tflops",
+                        lambda dtype: {256: {torch.bfloat16: 0.001, torch.float32: 0.013}[dtype]})
+    throughput._best_cpu_peak_tflops.cache_clear()
+    try:
+        assert throughput.device_peak_tflops(torch.device("cpu"), torch.float32) == 0.013
+        assert throughput.device_peak_tflops(torch.device("cpu"), torch.bfloat16) == 0.001
+    finally:
+        throughput._best_cpu_peak_tflops.cache_clear()
+    keys = json.loads((tmp_path / "cpu_peak_tflops.json").read_text())
+    assert sorted(k.rsplit("|", 1)[1] for k in keys) == ["bfloat16", "float32"]
+
+
 def test_configured_cpu_peak_wins():
-    assert throughput.device_peak_tflops(torch.device("cpu"), 2.5) == 2.5
+    assert throughput.device_peak_tflops(torch.device("cpu"), torch.float32, 2.5) == 2.5
+
+
+def test_fp32_on_a_gpu_has_no_mfu_because_its_peak_depends_on_tf32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    assert throughput.device_peak_tflops(torch.device("cuda"), torch.bfloat16) == 989.0
+    assert throughput.device_peak_tflops(torch.device("cuda"), torch.float32) is None
 
 
 def test_peak_memory_is_the_process_rss():
