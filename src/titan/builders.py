@@ -48,9 +48,7 @@ def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> P
     check_supported(pd, cfg)
     if solo and cfg.checkpoint.enable:
         raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
-    if own_model and world_size == 1:
-        # One process only: the estimator's dry run meshes a fake group, and DeviceMesh keeps state of it
-        # that breaks a later real multi-rank mesh in the same process (DCP then saved one shard of two).
+    if own_model:
         check_memory(cfg, world_size)
     return pd
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -48,13 +50,47 @@ def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None
     return max((r["memory_bytes"] for r in report["ranks"]), key=lambda m: sum(m.values()))
 
 
+def estimated_peak_bytes_in_child(job_config, world_size: int) -> dict[str, float] | None:
+    """`estimated_peak_bytes` in a forked child: the dry run meshes a fake process group, and DeviceMesh keeps
+    state of it that breaks this process's real mesh later (DCP then saved one shard of two). The estimate
+    itself is ~0.2 s on the meta device; fork copies the imported modules, so no import is paid again."""
+    if not hasattr(os, "fork"):
+        return estimated_peak_bytes(job_config, world_size) if world_size == 1 else None
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code (no atexit, no test runner teardown)
+        os.close(read_fd)
+        logger.setLevel("WARNING")  # the dry run's mesh and FSDP lines are not this run's
+        try:
+            reply = {"memory": estimated_peak_bytes(job_config, world_size)}
+        except UserError as e:
+            reply = {"user_error": str(e)}
+        except BaseException:
+            reply = {"bug": traceback.format_exc()}
+        with os.fdopen(write_fd, "w") as f:
+            json.dump(reply, f)
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        raise RuntimeError(f"the memory check's child process died (wait status {status}) without a reply")
+    reply = json.loads(text)
+    if "user_error" in reply:
+        raise UserError(reply["user_error"])
+    if "bug" in reply:
+        raise RuntimeError(f"the memory check's estimate failed:\n{reply['bug']}")
+    return reply["memory"]
+
+
 def check_memory(job_config, world_size: int) -> None:
     """Refuses, before anything is built, a run whose estimated peak memory per rank exceeds what it has.
 
-    Runs before the process group exists (the estimator's dry run uses a fake one) and only then."""
+    Every rank checks (the same numbers, so they agree) before its process group exists; rank 0 reports."""
     if not job_config.debug.memory_check or dist.is_initialized():
         return
-    memory = estimated_peak_bytes(job_config, world_size)
+    memory = estimated_peak_bytes_in_child(job_config, world_size)
     if memory is None:
         return
     need, (have, what) = sum(memory.values()), available_bytes()
