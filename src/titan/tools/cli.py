@@ -99,6 +99,10 @@ def run(main: Callable[[list[str] | None], int]) -> NoReturn:
     process ends without running finalizers (gloo's worker threads can abort a clean interpreter exit)."""
     try:
         code = main(sys.argv[1:])
+    except SystemExit as e:  # argparse's --help (0) and usage errors (2, its own `error:` line) end this way
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -56,3 +56,17 @@ def test_a_bug_in_a_real_process_exits_1_with_its_traceback(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr and "KeyError: 'no such thing'" in proc.stderr
+
+
+@pytest.mark.parametrize("body, code, err", [("import argparse; argparse.ArgumentParser().parse_args(['-h'])", 0, ""),
+                                             ("import argparse; argparse.ArgumentParser().parse_args(['-x'])", 2,
+                                              "error: unrecognized arguments: -x")],
+                         ids=["help", "usage_error"])
+def test_argparse_exits_keep_their_code_and_no_traceback(tmp_path, body, code, err):
+    # lcsm.bench --help and titan.compare --help once printed a SystemExit traceback and exited 1.
+    script = tmp_path / "cmd.py"
+    script.write_text(f"from titan.tools.cli import entry_point, run\n\n@entry_point\ndef main(argv):\n"
+                      f"    {body}\n\nrun(main)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code and "Traceback" not in proc.stderr
+    assert err in proc.stderr
