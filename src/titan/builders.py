@@ -50,6 +50,9 @@ def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> P
         raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
     if own_model:
         check_memory(cfg, world_size)
+    if cfg.debug.detect_anomaly:
+        logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
+                    "forward tracebacks; every step runs slower")
     return pd
 
 

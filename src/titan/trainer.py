@@ -50,6 +50,13 @@ from titan.tools.profiling import StepProfiler
 from titan.tools.signals import StopSignals
 
 
+def agree_on_step(values: torch.Tensor, stop_signals: StopSignals, parallel_dims) -> tuple[list[float], int]:
+    """The step's values averaged over the ranks that hold them, and the stop signal every rank agrees on: the
+    signal flags ride on the same all-reduce, so agreeing costs no collective and no host sync of its own."""
+    reduced = mean_over_loss_holders(torch.cat([values, stop_signals.flags(values)]), parallel_dims).tolist()
+    return reduced[:len(values)], stop_signals.agreed(reduced[len(values):])
+
+
 class Trainer:
     """Builds on meta -> parallelize -> to_empty + init -> AdamW -> train loop with accumulation and clipping."""
 
@@ -89,6 +96,7 @@ class Trainer:
         # Training seconds of this run over all its sessions: checkpoints carry it, so metrics' elapsed_s goes on.
         self.elapsed_s = 0.0
         self.nonfinite = NonFiniteGuard(job_config.training)
+        self.stop_signals = StopSignals()
         self._data_iter = None
         self.history: list[dict[str, Any]] = []
         self.checkpointer = build_checkpointer(job_config, self.spec.name, self.model_args, self.num_params)
@@ -187,11 +195,10 @@ class Trainer:
         pp_group = self.parallel_dims.world_mesh["pp"].get_group() if self.parallel_dims.pp_enabled else None
         grad_norm = clip_grad_norm_(params, self.config.training.max_norm, pp_group)
         names = list(extra_sums)
-        reduced = mean_over_loss_holders(
-            torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps, self.parallel_dims
-        ).tolist()
+        values = torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps
+        reduced, signum = agree_on_step(values, self.stop_signals, self.parallel_dims)
         loss_value, grad_norm_value = reduced[0], float(grad_norm)
-        out = {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens,
+        out = {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens, "stop_signal": signum,
                **{k: v for k, v in zip(names, reduced[1:])}}
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
             self.nonfinite.nonfinite_step(self.step + 1, loss_value, grad_norm_value)
@@ -241,14 +248,11 @@ class Trainer:
         )
         if self.rank == 0:  # a training run's own record; a trainer built to export or inspect writes none
             Path(self.dump_folder, "config.toml").write_text(to_toml(cfg))
-        if cfg.debug.detect_anomaly:
-            logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
-                        "forward tracebacks; every step runs slower")
         with StepProfiler(cfg.profiling, self.dump_folder, self.rank, self.device, self.step) as profiler, \
-                StopSignals() as signals:
-            return self._train_steps(total, profiler, signals)
+                self.stop_signals:
+            return self._train_steps(total, profiler)
 
-    def _train_steps(self, total: int, profiler: StepProfiler, signals: StopSignals) -> list[dict[str, Any]]:
+    def _train_steps(self, total: int, profiler: StepProfiler) -> list[dict[str, Any]]:
         cfg = self.config
         if self._data_iter is None:
             self._data_iter = iter(self.dataloader)
@@ -263,6 +267,7 @@ class Trainer:
             out = (counted_step(lambda: self.train_step(data_iter), self.parallel_dims) if cfg.metrics.comm_stats
                    else self.train_step(data_iter))
             self.step += 1
+            signum = out.pop("stop_signal")
             if owns_group and self.step == first_step:
                 mesh = self.parallel_dims.world_mesh if self.parallel_dims.world_size > 1 else None
                 set_pg_timeouts(cfg.comm.train_timeout_seconds, mesh)
@@ -281,7 +286,7 @@ class Trainer:
             if saved:
                 self.save_checkpoint(last=self.step == total)
                 window.start = time.perf_counter()
-            if signum := signals.requested(self.device, owns_group and self.parallel_dims.world_size > 1):
+            if signum:
                 self._stop_on_signal(signum, saved)
             profiler.step(self.step)
         return self.history

@@ -1,7 +1,8 @@
 """SIGINT / SIGTERM during training (Ctrl-C, a preempted SLURM job): finish the step, then stop on every rank.
 
-Inside `StopSignals` the first signal only sets a flag; the loop asks `requested()` after each step, which the
-ranks agree on (one rank's signal stops them all at the same step), writes a checkpoint and raises Interrupted.
+Inside `StopSignals` the first signal only sets a flag. Each step's loss all-reduce carries the flags too (no
+collective or host sync of its own), so the ranks agree: one rank's signal stops them all after the same step,
+which writes a checkpoint and raises Interrupted.
 A repeat within REPEAT_S of the first is the same signal delivered twice (by the terminal to the whole process
 group and again by torchrun to its workers) and is ignored; a later one stops at once, for a step that hangs.
 """
@@ -13,7 +14,6 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 
 from titan.tools.cli import Interrupted
 from titan.tools.logging import logger
@@ -29,6 +29,7 @@ class StopSignals:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
+        self.signum = 0
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
         return self
@@ -44,12 +45,18 @@ class StopSignals:
         elif now - self._first > REPEAT_S:
             raise Interrupted(signum, "a second signal stopped the step under way; no checkpoint of it")
 
-    def requested(self, device: torch.device, collective: bool) -> int:
-        """The signal that asks to stop (on any rank, when `collective`), or 0."""
-        if not collective:
+    def flags(self, like: torch.Tensor) -> torch.Tensor:
+        """One entry per kind of SIGNALS, non-zero for the one received, to be summed over the ranks."""
+        flags = torch.zeros(len(SIGNALS), dtype=like.dtype, device=like.device)
+        if self.signum:
+            flags[SIGNALS.index(self.signum)] = 1  # a scalar fill: no host-to-device copy to wait for
+        return flags
+
+    def agreed(self, summed_flags: list[float]) -> int:
+        """The signal that stops every rank after this step (this rank's, else any other's), or 0."""
+        if self.signum:
             return self.signum
-        flag = torch.tensor([self.signum], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not self.signum:
-            logger.info(f"another rank got {signal.Signals(int(flag.item())).name}: stopping with it")
-        return int(flag.item())
+        others = [s for s, flag in zip(SIGNALS, summed_flags) if flag > 0]
+        if others:
+            logger.info(f"another rank got {others[0].name}: stopping with it")
+        return others[0] if others else 0

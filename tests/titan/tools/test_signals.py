@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.titan.conftest import TINY
 
@@ -63,3 +64,15 @@ def test_every_rank_stops_at_the_same_step_under_torchrun(tmp_path):
     assert err.count("interrupted by SIGTERM") == 1  # one line, from rank 0
     # No worker prints a traceback (torchrun itself still reports its own SignalException).
     assert "KeyboardInterrupt" not in err and "/titan/" not in err
+
+
+def test_the_stop_flags_ride_on_a_sum_and_any_ranks_signal_stops_all():
+    from titan.tools.signals import StopSignals
+
+    like = torch.zeros(3)
+    with StopSignals() as mine, StopSignals() as peer:
+        assert mine.flags(like).tolist() == [0.0, 0.0] and mine.agreed([0.0, 0.0]) == 0
+        os.kill(os.getpid(), signal.SIGTERM)  # the inner handler, `peer`'s, is the one installed now
+        summed = (mine.flags(like) + peer.flags(like)) / 2  # the loss's mean over two ranks
+        assert peer.agreed(summed.tolist()) == signal.SIGTERM
+        assert mine.agreed(summed.tolist()) == signal.SIGTERM, "the rank without the signal stops with it"
