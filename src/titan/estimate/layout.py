@@ -46,6 +46,7 @@ class PartInfo:
     layers: list[int]
     has_embedding: bool
     has_output: bool
+    """Whether the stage makes the logits: with its own output layer, or with the tied embedding matrix."""
     local_params: int
     """Elements this rank stores (real local shapes of the sharded parameters)."""
     local_param_bytes: int
@@ -128,7 +129,9 @@ def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: st
         stage=stage,
         layers=[int(k) for k in part.layers.keys()],
         has_embedding=part.tok_embeddings is not None,
-        has_output=part.output is not None,
+        # A tied model (Llama 3.2 1B/3B) has no output layer, yet its last stage (the one with the final norm)
+        # still pays the vocabulary matmul and the logits' memory.
+        has_output=part.output is not None or (getattr(part.args, "tie_embeddings", False) and part.norm is not None),
         local_params=sum(_local(p) for p in params),
         local_param_bytes=sum(_local(p) * p.element_size() for p in params),
         unsharded_params=sum(block_params) + root_params,

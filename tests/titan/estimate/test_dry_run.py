@@ -22,6 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
 LAYOUTS = {
     "8B FSDP 8": ("llama3_8b_fsdp8_est", ["--model.n_layers", "2"]),
     "8B FSDP 128": ("llama3_8b_fsdp128_est", ["--model.n_layers", "2"]),
+    "3.2-1B tied FSDP 8": ("llama3_8b_fsdp8_est", ["--model.flavor", "3.2-1B", "--model.n_layers", "2"]),
     "8B FSDP 2 x CP 4": ("llama3_8b_cp4_est", ["--model.n_layers", "2"]),
     "70B FSDP 32 x TP 8": ("llama3_70b_fsdp32_tp8_est", ["--model.n_layers", "2"]),
     "405B 3D 1F1B": ("llama3_405b_3d_est", ["--model.n_layers", "10"]),
@@ -61,6 +62,21 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     for r in ranks:
         assert all(v >= 0 for v in r["memory_bytes"].values()) and r["memory_gib"] > 0
     assert report["step"]["tokens_per_s_per_gpu"] > 0
+
+
+def test_tied_embeddings_still_pay_the_output_matmul_and_logits():
+    """Llama 3.2 1B on FSDP 8, 2 x 8192 tokens per rank, bf16: its last stage makes the logits with the embedding
+    matrix, so FLOPs and logits are the untied model's, and only the parameters differ."""
+    report = estimate(_config("llama3_8b_fsdp8_est", ["--model.flavor", "3.2-1B"]), Hardware())
+    rank = report["ranks"][0]
+    assert report["num_params"] == report["params_over_all_shards"] == 1_235_814_400
+    # 6 x all parameters (the tied matrix counted once as the output matmul) + 12 L H hd T attention.
+    tokens = 2 * 8192
+    assert rank["model_flops_per_microbatch"] / tokens == 6 * 1_235_814_400 + 12 * 16 * 32 * 64 * 8192
+    assert rank["model_flops_per_microbatch"] / tokens == report["flops_per_token"]
+    # Logits upcast to fp32 and their gradient: tokens x vocabulary x (2 + 8) bytes.
+    assert rank["memory_bytes"]["logits"] == tokens * 128256 * 10
+    assert rank["memory_bytes"]["params"] == 1_235_814_400 * 4 / 8  # fp32 master, evenly sharded
 
 
 def test_stage_split_is_the_trainers():
