@@ -11,9 +11,10 @@ emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up
 `_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
 exists but is 6-7x slower than a bf16 matmul, and on DTensor weights (tensor parallel), we emulate.
 
-With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight): each shard is
-quantized with the scale of the global amax, and the gathered weight is dequantized into the compute dtype,
-exactly, so the matmul's own quantization of it loses nothing more.
+With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight), with tensor parallel
+too: each shard is quantized with the scale of the whole weight's amax (over the FSDP and TP groups), and the
+gathered weight is dequantized into the compute dtype, exactly, so the matmul's own quantization of it loses
+nothing more.
 """
 
 from __future__ import annotations
@@ -142,32 +143,38 @@ _KEEP_WRAPPER = {
 
 
 class Float8AllGatherWeight(torch.Tensor):
-    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks."""
+    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks.
+
+    Under tensor parallel it is the local tensor of the TP DTensor (FSDP shards that one), and `amax_groups`
+    holds the TP group: the scale is then that of the whole weight, as the matmul's own quantization computes it.
+    """
 
     @staticmethod
-    def __new__(cls, tensor: torch.Tensor):
+    def __new__(cls, tensor: torch.Tensor, amax_groups: tuple = ()):
         return torch.Tensor._make_wrapper_subclass(
             cls, tensor.size(), strides=tensor.stride(), storage_offset=tensor.storage_offset(), dtype=tensor.dtype,
             layout=tensor.layout, device=tensor.device, requires_grad=tensor.requires_grad,
         )
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, amax_groups: tuple = ()):
         self._tensor = tensor
+        self._amax_groups = amax_groups
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        groups = next(t._amax_groups for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
         if func is torch.ops.aten.detach.default:
-            return cls(args[0]._tensor)
+            return cls(args[0]._tensor, groups)
         args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
         out = func(*args, **kwargs)
-        return pytree.tree_map_only(torch.Tensor, cls, out) if func in _KEEP_WRAPPER else out
+        return pytree.tree_map_only(torch.Tensor, lambda t: cls(t, groups), out) if func in _KEEP_WRAPPER else out
 
     def __tensor_flatten__(self):
-        return ["_tensor"], None
+        return ["_tensor"], self._amax_groups
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
-        return Float8AllGatherWeight(inner_tensors["_tensor"])
+        return Float8AllGatherWeight(inner_tensors["_tensor"], meta)
 
     def __repr__(self) -> str:
         return f"Float8AllGatherWeight({self._tensor})"
@@ -179,7 +186,8 @@ class Float8AllGatherWeight(torch.Tensor):
     def fsdp_pre_all_gather(self, mesh: DeviceMesh, outer_size: torch.Size, outer_stride, module, mp_policy):
         # One tensorwise scale for the whole weight: the max of the shards' amax (a shard may be empty).
         amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        for group in (mesh.get_group(), *self._amax_groups):
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
         data, inv_scale = quantize(self._tensor, E4M3, amax=amax)
         rows = -(-outer_size[0] // mesh.size())
         if data.shape[0] < rows:
@@ -195,19 +203,29 @@ class Float8AllGatherWeight(torch.Tensor):
         weight = (data.view(E4M3).float() * inv_scale).to(param_dtype)
         if out is None:
             return weight, (weight,)
-        # The unsharded parameter is refilled in place; autograd must not see a modification.
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
-            out.copy_(weight[: out.shape[0]])
+        # The unsharded parameter is refilled in place (under TP its local tensor); autograd must not see it.
+        target = out._local_tensor if isinstance(out, DTensor) else out
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(target):
+            target.copy_(weight[: target.shape[0]])
         return None
 
 
+def _all_gather_weight(weight: torch.Tensor) -> torch.Tensor:
+    if not isinstance(weight, DTensor):
+        return Float8AllGatherWeight(weight.data)
+    # Tensor parallel: FSDP shards, and calls the hooks of, the DTensor's local tensor.
+    local = Float8AllGatherWeight(weight.to_local().detach(), (weight.device_mesh.get_group(),))
+    return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
+                              stride=weight.stride())
+
+
 def enable_float8_all_gather(model: nn.Module) -> int:
-    """Wraps the weights of `model`'s Float8Linear modules so FSDP2 all-gathers them in float8 (call before
-    fully_shard); returns how many."""
+    """Wraps the weights of `model`'s Float8Linear modules (plain, or TP DTensors) so FSDP2 all-gathers them in
+    float8 (call after tensor parallel, before fully_shard); returns how many."""
     wrapped = 0
     for module in model.modules():
         if isinstance(module, Float8Linear):
-            module.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data), module.weight.requires_grad)
+            module.weight = nn.Parameter(_all_gather_weight(module.weight), module.weight.requires_grad)
             wrapped += 1
     return wrapped
 
