@@ -9,7 +9,8 @@ saves them anyway).
 Scales are rounded down to powers of two: dequantized float8 values are then exact in bf16, so the
 emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up to summation order.
 `_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
-exists but is 6-7x slower than a bf16 matmul, and on DTensor weights (tensor parallel), we emulate.
+exists but is 6-7x slower than a bf16 matmul, and for rowwise under tensor parallel, we emulate. Tensorwise
+under TP calls `_scaled_mm` on the DTensors (torch shards it, with the scales replicated).
 
 With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight), with tensor parallel
 too: each shard is quantized with the scale of the whole weight's amax (over the FSDP and TP groups), and the
@@ -69,11 +70,14 @@ def float8_mm(a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype, b_dtype: t
     return torch.mm((a8.float() * a_inv).to(out_dtype), (b8.float() * b_inv).to(out_dtype))
 
 
-def _hardware_path(use_scaled_mm: bool, *operands: torch.Tensor) -> bool:
-    """_scaled_mm takes plain bf16-producing operands with aligned dims; DTensors (TP) are emulated."""
-    if not use_scaled_mm or any(isinstance(t, DTensor) or t.dtype != torch.bfloat16 for t in operands):
+def _hardware_path(use_scaled_mm: bool, rowwise: bool, *operands: torch.Tensor) -> bool:
+    """_scaled_mm takes bf16-producing operands whose (local) dims are aligned. Under tensor parallel DTensor runs
+    it shard by shard with the tensorwise scales replicated; rowwise TP is emulated, because DTensor gives a
+    rowwise scale its operand's placement, which is wrong where the contraction dim is sharded."""
+    if not use_scaled_mm or (rowwise and any(isinstance(t, DTensor) for t in operands)):
         return False
-    return all(d % FP8_ALIGNMENT == 0 for t in operands for d in t.shape)
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in operands]
+    return all(t.dtype == torch.bfloat16 and all(d % FP8_ALIGNMENT == 0 for d in t.shape) for t in local)
 
 
 class _Float8Matmul(torch.autograd.Function):
@@ -84,13 +88,13 @@ class _Float8Matmul(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.recipe, ctx.use_scaled_mm = recipe, use_scaled_mm
         rowwise = recipe == "rowwise"
-        return float8_mm(x, w.t(), E4M3, E4M3, rowwise, _hardware_path(use_scaled_mm, x, w))
+        return float8_mm(x, w.t(), E4M3, E4M3, rowwise, _hardware_path(use_scaled_mm, rowwise, x, w))
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         x, w = ctx.saved_tensors
         rowwise, grad_dtype = ctx.recipe == "rowwise", GRAD_DTYPES[ctx.recipe]
-        hardware = _hardware_path(ctx.use_scaled_mm, grad_y, x, w)
+        hardware = _hardware_path(ctx.use_scaled_mm, rowwise, grad_y, x, w)
         grad_x = float8_mm(grad_y, w, grad_dtype, E4M3, rowwise, hardware)
         grad_w = float8_mm(grad_y.t(), x, grad_dtype, E4M3, rowwise, hardware)
         return grad_x, grad_w, None, None

@@ -236,6 +236,41 @@ def test_fsdp_float8_all_gather_with_tensor_parallel_is_exact():
         assert all(torch.equal(a, b) for a, b in zip(plain, fp8))
 
 
+def test_tensorwise_tensor_parallel_runs_scaled_mm_on_dtensors(monkeypatch):
+    """TP 2 (colwise then rowwise, bf16): every matmul of forward and backward goes through torch._scaled_mm on
+    DTensors (run on the CPU, where it exists), and gives the emulation's outputs and gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    w1, w2, x = torch.randn(64, 32), torch.randn(32, 64), torch.randn(16, 32)
+    calls, results, scaled_mm = [], {}, torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: calls.append(type(a[0]).__name__) or scaled_mm(*a, **k))
+
+    def run(mesh, use_scaled_mm: bool):
+        model = nn.Sequential(Float8Linear(32, 64, bias=False, use_scaled_mm=use_scaled_mm), nn.ReLU(),
+                              Float8Linear(64, 32, bias=False, use_scaled_mm=use_scaled_mm))
+        with torch.no_grad():
+            model[0].weight.copy_(w1)
+            model[2].weight.copy_(w2)
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        xg = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(xg)
+        y.float().sum().backward()
+        return [y.detach(), xg.grad, *(p.grad.full_tensor() for p in model.parameters())]
+
+    def rank_main():
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        results[torch.distributed.get_rank()] = (run(mesh, True), run(mesh, False))
+
+    run_threaded(2, rank_main)
+    assert calls == ["DTensor"] * 12  # 2 ranks x 2 layers x (forward, grad_input, grad_weight)
+    for hardware, emulated in results.values():
+        for a, b in zip(hardware, emulated):
+            torch.testing.assert_close(a, b)
+
+
 @pytest.fixture(scope="module")
 def fsdp_all_gather_runs(module_tmp_path):
     """Two 2-rank FSDP float8 runs of 3 steps in one torchrun, without and with float8 all-gather; collectives
