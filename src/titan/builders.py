@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
+from titan.components.checkpoint.initial_load import initial_checkpoint, initial_state_dict, load_initial_checkpoint
 from titan.config import JobConfig
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges, stages_per_rank
@@ -223,6 +224,23 @@ def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: Para
     parts = [spec.parallelize(part, pd, cfg) for part in parts]
     materialize(parts, device, initial_state_dict, pipelined=pp, broadcast=full_init and not pp, seed=cfg.debug.seed)
     return ModelParts(parts, placement, num_params, flops_per_token)
+
+
+def build_initialized_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: ParallelDims,
+                            device: torch.device, rank: int, world_size: int,
+                            given: dict[str, torch.Tensor] | None) -> ModelParts:
+    """build_model_parts from the run's starting weights: those given, else checkpoint.initial_load_path's (a
+    Hugging Face folder is read before the build, a DCP step folder is checked before it and loaded into the
+    built, sharded parts, each rank reading only its shards), else the model's own init."""
+    own_folder = Path(cfg.dump_folder) / cfg.checkpoint.folder
+    dcp_folder = None
+    if given is None:
+        given = initial_state_dict(spec, cfg, model_args, own_folder)
+        dcp_folder = initial_checkpoint(cfg, own_folder)
+    built = build_model_parts(spec, model_args, cfg, pd, device, rank, world_size, given)
+    if dcp_folder is not None:
+        load_initial_checkpoint(built.parts, *dcp_folder)
+    return built
 
 
 def build_checkpointer(cfg: JobConfig, spec_name: str, model_args: Any, num_params: int) -> CheckpointManager:

@@ -14,13 +14,12 @@ from torch.distributed.fsdp import FSDPModule
 from titan.builders import (
     batch_layout,
     build_checkpointer,
-    build_model_parts,
+    build_initialized_parts,
     check_run,
     resolve_model_args,
     seed_everything,
 )
 from titan.components.checkpoint import full_model_state_dict
-from titan.components.checkpoint.initial_load import initial_state_dict as load_initial_state_dict
 from titan.components.metrics.logger import MetricsLogger
 from titan.components.metrics.records import ThroughputWindow
 from titan.components.metrics.throughput import device_peak_tflops
@@ -110,11 +109,8 @@ class Trainer:
 
     def _build_model_parts(self, initial_state_dict: dict[str, torch.Tensor] | None, world_size: int) -> None:
         cfg = self.config
-        if initial_state_dict is None:
-            initial_state_dict = load_initial_state_dict(self.spec, cfg, self.model_args,
-                                                         Path(self.dump_folder) / cfg.checkpoint.folder)
-        built = build_model_parts(self.spec, self.model_args, cfg, self.parallel_dims, self.device, self.rank,
-                                  world_size, initial_state_dict)
+        built = build_initialized_parts(self.spec, self.model_args, cfg, self.parallel_dims, self.device, self.rank,
+                                        world_size, initial_state_dict)
         self.model_parts, self.pp_placement = built.parts, built.placement
         self.num_params, self.flops_per_token = built.num_params, built.flops_per_token
         self.sharded = self.parallel_dims.fsdp_enabled or self.parallel_dims.dp_replicate_enabled

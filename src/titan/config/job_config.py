@@ -188,9 +188,10 @@ class Checkpoint:
     exclude_from_loading: list[str] = field(default_factory=list)
     """State keys not to load on resume, e.g. ["optimizer", "lr_scheduler", "dataloader"]."""
     initial_load_path: str = ""
-    """Weights to start from when the checkpoint folder holds no checkpoint (a Hugging Face model folder)."""
+    """Weights to start from when the checkpoint folder holds no checkpoint: a DCP step folder (titan's or
+    TorchTitan's; model weights only, the run starts at step 0) or, with initial_load_in_hf, a Hugging Face folder."""
     initial_load_in_hf: bool = False
-    """checkpoint.initial_load_path is in Hugging Face format (config.json + safetensors); required with it."""
+    """checkpoint.initial_load_path is in Hugging Face format (config.json + safetensors), not DCP."""
     create_seed_checkpoint: bool = False
     """Write the initial weights as step 0 and exit (one process), so every layout starts from them."""
     last_save_model_only: bool = False

@@ -241,16 +241,22 @@ def _fsdp_collectives(col: Collectives, lay: Layout, info: RankInfo, unsharded: 
         shard_size, shard_inner = dims.dp_replicate, "dp_replicate"
     units = sum(len(p.block_params) + (p.root_params > 0) for p in info.parts)
     gather_rounds = lay.accum * (lay.microbatches if dims.pp_enabled and lay.reshard_after_forward else 1)
-    gathered = unsharded
-    gathers = gather_rounds * units
-    if lay.reshard_after_forward:
+    kept = [p for p in info.parts if p.block_params]
+
+    def per_round(key: str, forward: int) -> int:
         # apply_fsdp keeps each part's last block gathered after forward: backward gathers the others again.
-        kept = [p.block_params[-1] for p in info.parts if p.block_params]
-        gathered += unsharded - sum(kept)
-        gathers += gather_rounds * (units - len(kept))
+        return forward + (forward - sum(getattr(p, key)[-1] for p in kept) if lay.reshard_after_forward else 0)
+
+    elems = per_round("block_params", unsharded)
+    float8_elems = per_round("block_float8_params", sum(sum(p.block_float8_params) for p in info.parts))
+    float8_gathers = per_round("block_float8_weights", sum(sum(p.block_float8_weights) for p in info.parts))
+    gathers = gather_rounds * (units + (units - len(kept) if lay.reshard_after_forward else 0))
     syncs = (lay.accum if dims.pp_enabled else 1) * units
     col.add("fsdp", shard_inner, shard_size, "all_gather", gathers,
-            gather_rounds * gathered * lay.param_bytes / gathers, True)
+            gather_rounds * ((elems - float8_elems) * lay.param_bytes + float8_elems) / gathers, True)
+    # Float8 all-gather: each weight's scale first takes the amax over its shards, and under TP over the TP group.
+    for inner, size in ((shard_inner, shard_size), ("tp", dims.tp)):
+        col.add("fsdp", inner, size, "all_reduce", gather_rounds * float8_gathers, 4, True)
     col.add("fsdp", shard_inner, shard_size, "reduce_scatter", syncs, unsharded * lay.reduce_bytes / units, True)
     if dims.fsdp_enabled and dims.dp_replicate > 1:
         col.add("hsdp", "dp_replicate", dims.dp_replicate, "all_reduce", syncs, local * lay.reduce_bytes / units,

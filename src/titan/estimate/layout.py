@@ -23,6 +23,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stage_ids_for_rank, stage_layer_ranges, stages_per_rank
+from titan.quantization.float8 import Float8AllGatherWeight
 
 
 def stage_ranges(n_layers: int, parallel_dims: ParallelDims, pcfg) -> list[range]:
@@ -46,6 +47,7 @@ class PartInfo:
     layers: list[int]
     has_embedding: bool
     has_output: bool
+    """Whether the stage makes the logits: with its own output layer, or with the tied embedding matrix."""
     local_params: int
     """Elements this rank stores (real local shapes of the sharded parameters)."""
     local_param_bytes: int
@@ -56,6 +58,10 @@ class PartInfo:
     """Unsharded (TP-local) elements of each block: one FSDP unit each."""
     root_params: int
     """Unsharded (TP-local) elements of the root FSDP unit (embedding, final norm, output), 0 on middle stages."""
+    block_float8_params: list[int]
+    """Of each block's unsharded elements, those FSDP all-gathers in float8 (one byte each)."""
+    block_float8_weights: list[int]
+    """Weights of each block all-gathered in float8: each gather of one first all-reduces its amax."""
     full_ac_blocks: int
     op_ac_blocks: int
     distinct_params: float
@@ -114,6 +120,11 @@ def _local(p: torch.Tensor) -> int:
     return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
 
 
+def _gathers_in_float8(p: torch.Tensor) -> bool:
+    """float8.enable_fsdp_float8_all_gather wrapped it (the FSDP shard, under TP too, is the local tensor)."""
+    return isinstance(p._local_tensor if isinstance(p, DTensor) else p, Float8AllGatherWeight)
+
+
 def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: str) -> PartInfo:
     blocks = list(part.layers.values())
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
@@ -128,12 +139,16 @@ def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: st
         stage=stage,
         layers=[int(k) for k in part.layers.keys()],
         has_embedding=part.tok_embeddings is not None,
-        has_output=part.output is not None,
+        # A tied model (Llama 3.2 1B/3B) has no output layer, yet its last stage (the one with the final norm)
+        # still pays the vocabulary matmul and the logits' memory.
+        has_output=part.output is not None or (getattr(part.args, "tie_embeddings", False) and part.norm is not None),
         local_params=sum(_local(p) for p in params),
         local_param_bytes=sum(_local(p) * p.element_size() for p in params),
         unsharded_params=sum(block_params) + root_params,
         block_params=block_params,
         root_params=root_params,
+        block_float8_params=[sum(_unsharded(p, tp) for p in b.parameters() if _gathers_in_float8(p)) for b in blocks],
+        block_float8_weights=[sum(map(_gathers_in_float8, b.parameters())) for b in blocks],
         full_ac_blocks=0 if op else wrapped,
         op_ac_blocks=wrapped if op else 0,
         distinct_params=sum(_distinct_elements(p) for p in params),

@@ -9,11 +9,13 @@ saves them anyway).
 Scales are rounded down to powers of two: dequantized float8 values are then exact in bf16, so the
 emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up to summation order.
 `_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
-exists but is 6-7x slower than a bf16 matmul, and on DTensor weights (tensor parallel), we emulate.
+exists but is 6-7x slower than a bf16 matmul, and for rowwise under tensor parallel, we emulate. Tensorwise
+under TP calls `_scaled_mm` on the DTensors (torch shards it, with the scales replicated).
 
-With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight): each shard is
-quantized with the scale of the global amax, and the gathered weight is dequantized into the compute dtype,
-exactly, so the matmul's own quantization of it loses nothing more.
+With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight), with tensor parallel
+too: each shard is quantized with the scale of the whole weight's amax (over the FSDP and TP groups), and the
+gathered weight is dequantized into the compute dtype, exactly, so the matmul's own quantization of it loses
+nothing more.
 """
 
 from __future__ import annotations
@@ -68,11 +70,14 @@ def float8_mm(a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype, b_dtype: t
     return torch.mm((a8.float() * a_inv).to(out_dtype), (b8.float() * b_inv).to(out_dtype))
 
 
-def _hardware_path(use_scaled_mm: bool, *operands: torch.Tensor) -> bool:
-    """_scaled_mm takes plain bf16-producing operands with aligned dims; DTensors (TP) are emulated."""
-    if not use_scaled_mm or any(isinstance(t, DTensor) or t.dtype != torch.bfloat16 for t in operands):
+def _hardware_path(use_scaled_mm: bool, rowwise: bool, *operands: torch.Tensor) -> bool:
+    """_scaled_mm takes bf16-producing operands whose (local) dims are aligned. Under tensor parallel DTensor runs
+    it shard by shard with the tensorwise scales replicated; rowwise TP is emulated, because DTensor gives a
+    rowwise scale its operand's placement, which is wrong where the contraction dim is sharded."""
+    if not use_scaled_mm or (rowwise and any(isinstance(t, DTensor) for t in operands)):
         return False
-    return all(d % FP8_ALIGNMENT == 0 for t in operands for d in t.shape)
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in operands]
+    return all(t.dtype == torch.bfloat16 and all(d % FP8_ALIGNMENT == 0 for d in t.shape) for t in local)
 
 
 class _Float8Matmul(torch.autograd.Function):
@@ -83,13 +88,13 @@ class _Float8Matmul(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.recipe, ctx.use_scaled_mm = recipe, use_scaled_mm
         rowwise = recipe == "rowwise"
-        return float8_mm(x, w.t(), E4M3, E4M3, rowwise, _hardware_path(use_scaled_mm, x, w))
+        return float8_mm(x, w.t(), E4M3, E4M3, rowwise, _hardware_path(use_scaled_mm, rowwise, x, w))
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         x, w = ctx.saved_tensors
         rowwise, grad_dtype = ctx.recipe == "rowwise", GRAD_DTYPES[ctx.recipe]
-        hardware = _hardware_path(ctx.use_scaled_mm, grad_y, x, w)
+        hardware = _hardware_path(ctx.use_scaled_mm, rowwise, grad_y, x, w)
         grad_x = float8_mm(grad_y, w, grad_dtype, E4M3, rowwise, hardware)
         grad_w = float8_mm(grad_y.t(), x, grad_dtype, E4M3, rowwise, hardware)
         return grad_x, grad_w, None, None
@@ -142,32 +147,38 @@ _KEEP_WRAPPER = {
 
 
 class Float8AllGatherWeight(torch.Tensor):
-    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks."""
+    """A high-precision Float8Linear weight that FSDP2 all-gathers in float8 through its tensor-subclass hooks.
+
+    Under tensor parallel it is the local tensor of the TP DTensor (FSDP shards that one), and `amax_groups`
+    holds the TP group: the scale is then that of the whole weight, as the matmul's own quantization computes it.
+    """
 
     @staticmethod
-    def __new__(cls, tensor: torch.Tensor):
+    def __new__(cls, tensor: torch.Tensor, amax_groups: tuple = ()):
         return torch.Tensor._make_wrapper_subclass(
             cls, tensor.size(), strides=tensor.stride(), storage_offset=tensor.storage_offset(), dtype=tensor.dtype,
             layout=tensor.layout, device=tensor.device, requires_grad=tensor.requires_grad,
         )
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor, amax_groups: tuple = ()):
         self._tensor = tensor
+        self._amax_groups = amax_groups
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        groups = next(t._amax_groups for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
         if func is torch.ops.aten.detach.default:
-            return cls(args[0]._tensor)
+            return cls(args[0]._tensor, groups)
         args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
         out = func(*args, **kwargs)
-        return pytree.tree_map_only(torch.Tensor, cls, out) if func in _KEEP_WRAPPER else out
+        return pytree.tree_map_only(torch.Tensor, lambda t: cls(t, groups), out) if func in _KEEP_WRAPPER else out
 
     def __tensor_flatten__(self):
-        return ["_tensor"], None
+        return ["_tensor"], self._amax_groups
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
-        return Float8AllGatherWeight(inner_tensors["_tensor"])
+        return Float8AllGatherWeight(inner_tensors["_tensor"], meta)
 
     def __repr__(self) -> str:
         return f"Float8AllGatherWeight({self._tensor})"
@@ -179,7 +190,8 @@ class Float8AllGatherWeight(torch.Tensor):
     def fsdp_pre_all_gather(self, mesh: DeviceMesh, outer_size: torch.Size, outer_stride, module, mp_policy):
         # One tensorwise scale for the whole weight: the max of the shards' amax (a shard may be empty).
         amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        for group in (mesh.get_group(), *self._amax_groups):
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
         data, inv_scale = quantize(self._tensor, E4M3, amax=amax)
         rows = -(-outer_size[0] // mesh.size())
         if data.shape[0] < rows:
@@ -195,19 +207,29 @@ class Float8AllGatherWeight(torch.Tensor):
         weight = (data.view(E4M3).float() * inv_scale).to(param_dtype)
         if out is None:
             return weight, (weight,)
-        # The unsharded parameter is refilled in place; autograd must not see a modification.
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(out):
-            out.copy_(weight[: out.shape[0]])
+        # The unsharded parameter is refilled in place (under TP its local tensor); autograd must not see it.
+        target = out._local_tensor if isinstance(out, DTensor) else out
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(target):
+            target.copy_(weight[: target.shape[0]])
         return None
 
 
+def _all_gather_weight(weight: torch.Tensor) -> torch.Tensor:
+    if not isinstance(weight, DTensor):
+        return Float8AllGatherWeight(weight.data)
+    # Tensor parallel: FSDP shards, and calls the hooks of, the DTensor's local tensor.
+    local = Float8AllGatherWeight(weight.to_local().detach(), (weight.device_mesh.get_group(),))
+    return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
+                              stride=weight.stride())
+
+
 def enable_float8_all_gather(model: nn.Module) -> int:
-    """Wraps the weights of `model`'s Float8Linear modules so FSDP2 all-gathers them in float8 (call before
-    fully_shard); returns how many."""
+    """Wraps the weights of `model`'s Float8Linear modules (plain, or TP DTensors) so FSDP2 all-gathers them in
+    float8 (call after tensor parallel, before fully_shard); returns how many."""
     wrapped = 0
     for module in model.modules():
         if isinstance(module, Float8Linear):
-            module.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data), module.weight.requires_grad)
+            module.weight = nn.Parameter(_all_gather_weight(module.weight), module.weight.requires_grad)
             wrapped += 1
     return wrapped
 

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
 LAYOUTS = {
     "8B FSDP 8": ("llama3_8b_fsdp8_est", ["--model.n_layers", "2"]),
     "8B FSDP 128": ("llama3_8b_fsdp128_est", ["--model.n_layers", "2"]),
+    "3.2-1B tied FSDP 8": ("llama3_8b_fsdp8_est", ["--model.flavor", "3.2-1B", "--model.n_layers", "2"]),
     "8B FSDP 2 x CP 4": ("llama3_8b_cp4_est", ["--model.n_layers", "2"]),
     "70B FSDP 32 x TP 8": ("llama3_70b_fsdp32_tp8_est", ["--model.n_layers", "2"]),
     "405B 3D 1F1B": ("llama3_405b_3d_est", ["--model.n_layers", "10"]),
@@ -61,6 +62,21 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     for r in ranks:
         assert all(v >= 0 for v in r["memory_bytes"].values()) and r["memory_gib"] > 0
     assert report["step"]["tokens_per_s_per_gpu"] > 0
+
+
+def test_tied_embeddings_still_pay_the_output_matmul_and_logits():
+    """Llama 3.2 1B on FSDP 8, 2 x 8192 tokens per rank, bf16: its last stage makes the logits with the embedding
+    matrix, so FLOPs and logits are the untied model's, and only the parameters differ."""
+    report = estimate(_config("llama3_8b_fsdp8_est", ["--model.flavor", "3.2-1B"]), Hardware())
+    rank = report["ranks"][0]
+    assert report["num_params"] == report["params_over_all_shards"] == 1_235_814_400
+    # 6 x all parameters (the tied matrix counted once as the output matmul) + 12 L H hd T attention.
+    tokens = 2 * 8192
+    assert rank["model_flops_per_microbatch"] / tokens == 6 * 1_235_814_400 + 12 * 16 * 32 * 64 * 8192
+    assert rank["model_flops_per_microbatch"] / tokens == report["flops_per_token"]
+    # Logits upcast to fp32 and their gradient: tokens x vocabulary x (2 + 8) bytes.
+    assert rank["memory_bytes"]["logits"] == tokens * 128256 * 10
+    assert rank["memory_bytes"]["params"] == 1_235_814_400 * 4 / 8  # fp32 master, evenly sharded
 
 
 def test_stage_split_is_the_trainers():
@@ -119,3 +135,24 @@ def test_tp_collectives_with_recomputation_are_the_measured_ones(ac, gathers, sc
                       "--activation_checkpoint.mode", *ac])
     calls = {c["op"]: c["calls"] for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] == "tp"}
     assert (calls["all_gather"], calls["reduce_scatter"]) == (gathers, scatters)
+
+
+def _fsdp_rows(world, *extra):
+    cfg = parse_args(["--comm.world_size", str(world), "--model.n_layers", "2", "--float8.enable", *extra])
+    return [c for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] == "fsdp"]
+
+
+def test_float8_all_gather_traffic_is_the_measured_one():
+    """Per step as metrics.comm_stats counted it on 2 gloo ranks (tests/titan/quantization/test_float8.py, debug
+    model, 2 blocks): float8 weights gather one byte an element instead of bf16's two, each after an amax
+    all-reduce, 7 weights x (2 forward + 1 backward gathers)."""
+    plain, fp8 = _fsdp_rows(2), _fsdp_rows(2, "--float8.enable_fsdp_float8_all_gather", "true")
+    gathered = {name: [c["calls"] * c["bytes_per_call"] for c in rows if c["op"] == "all_gather"][0]
+                for name, rows in (("plain", plain), ("fp8", fp8))}
+    float8_elems_per_block = 2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 704  # wq wo, wk wv, w1 w2 w3
+    assert gathered["plain"] - gathered["fp8"] == pytest.approx(float8_elems_per_block * 3)
+    assert [c["calls"] for c in fp8 if c["op"] == "all_reduce"] == [21]
+    assert not [c for c in plain if c["op"] == "all_reduce"]
+    # Under tensor parallel the scale's amax is also reduced over the TP group.
+    tp = _fsdp_rows(4, "--float8.enable_fsdp_float8_all_gather", "true", "--parallelism.tensor_parallel_degree", "2")
+    assert [(c["group_size"], c["calls"]) for c in tp if c["op"] == "all_reduce"] == [(2, 21), (2, 21)]

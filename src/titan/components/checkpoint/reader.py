@@ -79,6 +79,13 @@ def read_checkpoint(path: Path, state: dict[str, Any], identity: dict[str, Any] 
     if identity is not None:
         check_identity(path, manifest, identity)
     verify(path, manifest)
+    load_verified(path, state)
+    return manifest
+
+
+def load_verified(path: Path, state: dict[str, Any]) -> None:
+    """DCP's load through the safe metadata reader, then every value checked finite; a failure on any rank
+    raises DamagedCheckpoint on all of them. The folder's files are checked before (verify, metadata_problem)."""
     error = None
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
@@ -89,4 +96,3 @@ def read_checkpoint(path: Path, state: dict[str, Any], identity: dict[str, Any] 
         error = f"{bad} holds NaN or Inf values"
     if error:
         raise DamagedCheckpoint(f"checkpoint {path}: {error}")
-    return manifest

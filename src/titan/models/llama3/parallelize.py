@@ -66,8 +66,6 @@ def apply_async_tp(tp_mesh: DeviceMesh) -> None:
 
 
 def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
-    if parallel_dims.tp_enabled:
-        raise UserError("float8.enable_fsdp_float8_all_gather with tensor parallel is not supported; drop one")
     if not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled):
         logger.info("float8 all-gather: no FSDP on this layout, nothing to gather")
         return

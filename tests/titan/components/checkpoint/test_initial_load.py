@@ -1,17 +1,20 @@
-"""A run starts from a Hugging Face folder: its architecture, weights and tokenizer, each mismatch named in one line."""
+"""A run starts from a Hugging Face folder (its architecture, weights and tokenizer) or from the model weights of a
+DCP step folder (titan's or TorchTitan's), each mismatch named in one line."""
 
 import json
 import shutil
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
-transformers = pytest.importorskip("transformers")
-
-from titan.components.data.tokenizer import BOS, EOS, hf_folder_tokenizer, llama3_tokenizer_path  # noqa: E402
-from titan.config import parse_args  # noqa: E402
-from titan.tools.cli import UserError  # noqa: E402
-from titan.trainer import Trainer  # noqa: E402
+from tests.titan.conftest import TINY
+from titan.components.checkpoint.initial_load import initial_checkpoint, load_initial_checkpoint
+from titan.components.data.tokenizer import BOS, EOS, hf_folder_tokenizer, llama3_tokenizer_path
+from titan.config import parse_args
+from titan.models.llama3 import ModelArgs, Transformer
+from titan.tools.cli import UserError
+from titan.trainer import Trainer
 
 TEXT = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs."] * 40
 
@@ -33,6 +36,7 @@ def write_tokenizer(folder):
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     """A tiny sharded Llama 3.2-style folder (tied, factor-32 RoPE), its tokenizer, and one stray safetensors."""
+    transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=100, num_hidden_layers=2, num_attention_heads=4,
@@ -101,3 +105,83 @@ def test_meta_tokenizer_model_in_original(tmp_path):
     tok = hf_folder_tokenizer(tmp_path)
     assert tok.vocab_size == 128256 and tok.encode("Hello world") == [9906, 1917]
     assert tok.bos_id == 128000 and tok.eos_id == 128001 and BOS and EOS
+
+
+def _trainer(folder, *extra):
+    return Trainer(parse_args([*TINY, "--validation.enable", "false", "--job.dump_folder", str(folder), *extra]))
+
+
+@pytest.fixture(scope="module")
+def trained(module_tmp_path):
+    """2 steps with a checkpoint after each; the trainer holds step 2's weights."""
+    trainer = _trainer(module_tmp_path / "first", "--training.steps", "2", "--checkpoint.enable",
+                       "--checkpoint.interval", "1")
+    trainer.train()
+    yield trainer, module_tmp_path / "first" / "checkpoint" / "step-2"
+    trainer.close()
+
+
+def test_a_run_starts_from_a_dcp_step_folders_weights_at_step_1(trained, tmp_path):
+    first, step2 = trained
+    second = _trainer(tmp_path, "--training.steps", "1", "--checkpoint.initial_load_path", str(step2))
+    assert second.step == 0 and second.optimizers[0].state == {}  # weights only: no optimizer state, no step
+    inputs, labels = next(iter(second.spec.build_dataloader(second.config, 0, 1, second.tokenizer, "train")))
+    with torch.no_grad():
+        want = first.loss_fn(first.model(inputs), labels).item()
+    record = second.train()[0]
+    second.close()
+    assert record["step"] == 1 and record["loss"] == pytest.approx(want, rel=1e-6)
+
+
+def test_torchtitans_flat_layout_loads_its_model_weights(trained, tmp_path):
+    """TorchTitan saves the model's keys at the top level beside its other states (and a freqs_cis buffer)."""
+    first, _ = trained
+    weights = {k: v.detach().clone() for k, v in first.model.state_dict().items()}
+    dcp.save({**weights, "freqs_cis": torch.zeros(4, 2), "train_state": {"step": torch.tensor(7)}},
+             checkpoint_id=str(tmp_path / "step-7"))
+    model = Transformer(first.model_args)
+    load_initial_checkpoint([model], *initial_checkpoint(_config(tmp_path / "step-7"), tmp_path / "own"))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
+def _config(path):
+    return parse_args([*TINY, "--checkpoint.initial_load_path", str(path)])
+
+
+def _flat_folder(tmp_path, state):
+    dcp.save(state, checkpoint_id=str(tmp_path / "flat"))
+    return tmp_path / "flat"
+
+
+def _hf_like(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def _truncated(step2, tmp_path):
+    shutil.copytree(step2, tmp_path / "bad")
+    shard = next((tmp_path / "bad").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    return tmp_path / "bad"
+
+
+@pytest.mark.parametrize("where, message", [
+    (lambda step2, tmp: tmp / "nowhere", "does not exist; point it at a checkpoint step folder"),
+    (lambda step2, tmp: step2.parent, r"is a checkpoint folder: point it at one of its steps, e.g. .*step-2"),
+    (_truncated, "bytes, .* were written"),
+    (lambda step2, tmp: _hf_like(tmp), r"looks like a Hugging Face folder \(config.json\): add --checkpoint.initial_"),
+    (lambda step2, tmp: _flat_folder(tmp, {"w": torch.ones(2)}), r"has no tok_embeddings.weight \(21 of"),
+], ids=["missing", "parent", "truncated", "hf", "other-model"])
+def test_an_unusable_dcp_folder_is_one_line(trained, tmp_path, where, message):
+    first, step2 = trained
+    with pytest.raises(UserError, match=message) as e:
+        load_initial_checkpoint(first.model_parts, *initial_checkpoint(_config(where(step2, tmp_path)), tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_other_shapes_are_named(trained, tmp_path):
+    first, step2 = trained
+    model = Transformer(ModelArgs(**{**vars(first.model_args), "hidden_dim": 96}))
+    with pytest.raises(UserError, match=r"w1.weight has shape \[\d+, 256\] there, the model needs \[96, 256\]"):
+        load_initial_checkpoint([model], *initial_checkpoint(_config(step2), tmp_path / "own"))
