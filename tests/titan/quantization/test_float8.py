@@ -10,7 +10,6 @@ instead of its bf16 copy, so the two differ by float8 rounding, ~1e-3 here).
 
 import json
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +19,6 @@ from tests.titan.conftest import losses, run_train
 from titan.config.job_config import Float8
 from titan.models.llama3.flavors import llama3_flavors
 from titan.models.llama3.model import Transformer
-from titan.models.llama3.parallelize import apply_float8_all_gather
 from titan.quantization.float8 import E4M3, E5M2, Float8AllGatherWeight, Float8Linear, apply_float8, float8_mm, quantize
 
 RECIPES = ["tensorwise", "rowwise"]
@@ -147,11 +145,6 @@ def test_float8_all_gather_weight_is_checkpointed_as_its_plain_tensor(tmp_path):
     torch.save({"w": Float8AllGatherWeight(weight)}, tmp_path / "w.pt")
     loaded = torch.load(tmp_path / "w.pt", weights_only=True)["w"]
     assert type(loaded) is torch.Tensor and torch.equal(loaded, weight)
-
-
-def test_float8_all_gather_is_refused_with_tensor_parallel():
-    with pytest.raises(ValueError, match="with tensor parallel is not supported"):
-        apply_float8_all_gather(nn.Module(), SimpleNamespace(tp_enabled=True))
 
 
 @pytest.fixture(scope="module")
