@@ -22,12 +22,7 @@ def run_cli(capsys, *args):
         (["--training.engine", "jax"], "error: training.engine must be one of 'titan', 'local', got 'jax'"),
         (["--optimizer.lr", "1"], "error: unknown config section [optimizer]"),
         (["--training.learning_rate", "1"], "error: unknown key training.learning_rate"),
-        (["--ensemble.size", "0"], "error: ensemble.size must be >= 1"),
         (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),
-        (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
-        (["--mothernet.snapshots", "0"], "error: mothernet: snapshots must be >= 1"),
-        (["--training.seed", "-1"], "error: training.seed must be >= 0, got -1"),
-        (["--mothernet.members_per_cluster", "-2"], "error: mothernet: clusters must be >= 1 and members_per_cluster"),
         (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
