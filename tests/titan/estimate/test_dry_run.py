@@ -58,9 +58,15 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     assert len(ranks) == lay["pp"]
     assert sorted(s for r in ranks for s in r["stages"]) == list(range(lay["stages"]))
     assert sorted(i for r in ranks for layers in r["layers"] for i in layers) == list(range(args.n_layers))
+    # AdamW: two fp32 states and one gradient per master weight; a rank's total is the sum of its parts.
     for r in ranks:
-        assert all(v >= 0 for v in r["memory_bytes"].values()) and r["memory_gib"] > 0
-    assert report["step"]["tokens_per_s_per_gpu"] > 0
+        m = r["memory_bytes"]
+        assert all(v >= 0 for v in m.values()) and m["grads"] == m["params"] > 0 and m["optimizer"] == 2 * m["params"]
+        assert r["memory_gib"] == pytest.approx(sum(m.values()) / 2**30)
+    # Throughput: the global batch's tokens over the step time, shared by all GPUs.
+    step = report["step"]
+    assert step["tokens_per_s_per_gpu"] == pytest.approx(
+        step["global_batch"] * lay["seq_len"] / step["step_s"] / lay["world_size"])
 
 
 @pytest.mark.parametrize("args,message", [
