@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from tests.conftest import assert_is_plot
 
 from morphens.run import main
 
@@ -22,12 +23,7 @@ def run_cli(capsys, *args):
         (["--training.engine", "jax"], "error: training.engine must be one of 'titan', 'local', got 'jax'"),
         (["--optimizer.lr", "1"], "error: unknown config section [optimizer]"),
         (["--training.learning_rate", "1"], "error: unknown key training.learning_rate"),
-        (["--ensemble.size", "0"], "error: ensemble.size must be >= 1"),
         (["--ensemble.family", "densenet"], "error: ensemble: family 'densenet' is unknown; choose vgg"),
-        (["--ensemble.kernels", "3,4"], "error: ensemble: conv: kernel must be a positive odd integer"),
-        (["--mothernet.snapshots", "0"], "error: mothernet: snapshots must be >= 1"),
-        (["--training.seed", "-1"], "error: training.seed must be >= 0, got -1"),
-        (["--mothernet.members_per_cluster", "-2"], "error: mothernet: clusters must be >= 1 and members_per_cluster"),
         (["--mothernet.clusters", "5", "--ensemble.size", "4"], "error: mothernet.clusters: g=5 is larger than"),
         (["--sizes", "1,2", "--mothernet.clusters", "2"], "error: mothernet.clusters: g=2 is larger than the "
                                                           "ensemble size 1"),
@@ -65,7 +61,9 @@ def test_cli_writes_results_and_plot(capsys, tmp_path):
     for r in results:
         assert set(r) >= {"method", "ensemble_size", "wall_s", "member_acc", "ensemble_acc", "train_cost"}
         assert len(r["member_acc"]) == r["ensemble_size"] and 0 <= r["ensemble_acc"] <= 100
-    assert (tmp_path / "results.png").stat().st_size > 10_000
+        if r["ensemble_size"] == 1:  # the average of one member's softmax is its own
+            assert r["ensemble_acc"] == r["member_acc"][0]
+    assert_is_plot(tmp_path / "results.png")
 
 
 def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar10_batches):

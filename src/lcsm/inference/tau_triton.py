@@ -11,7 +11,8 @@ import triton.language as tl
 def _kernel():
     # Defined on first use so that TRITON_INTERPRET, read when a kernel is defined, can be set by then.
     @triton.jit
-    def toeplitz_tile_kernel(y_ptr, rho_ptr, out_ptr, B, U, rho_stride, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    def toeplitz_tile_kernel(y_ptr, rho_ptr, out_ptr, B, U, L, rho_stride, BLOCK_M: tl.constexpr,
+                             BLOCK_K: tl.constexpr):
         row_batch = tl.program_id(0)
         row = row_batch // B
         m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -20,7 +21,7 @@ def _kernel():
             k = k0 + tl.arange(0, BLOCK_K)
             y = tl.load(y_ptr + row_batch * U + k, mask=k < U, other=0.0)
             lag = U + m[:, None] - k[None, :]
-            in_tile = (m[:, None] < U) & (k[None, :] < U)
+            in_tile = (m[:, None] < U) & (k[None, :] < U) & (lag < L)  # lags beyond the filter are zero
             rho = tl.load(rho_ptr + row * rho_stride + lag, mask=in_tile, other=0.0)
             acc += tl.sum(rho * y[None, :], axis=1)
         tl.store(out_ptr + row_batch * U + m, acc, mask=m < U)
@@ -29,10 +30,11 @@ def _kernel():
 
 
 def toeplitz_tile(y_RBU: torch.Tensor, rho_RL: torch.Tensor) -> torch.Tensor:
-    """out[r, b, m] = sum_k y[r, b, k] * rho[r, U + m - k]; y contiguous, rho contiguous with L >= 2U."""
+    """out[r, b, m] = sum_k y[r, b, k] * rho[r, U + m - k], zero for lags from the length L of rho on; y and rho
+    contiguous."""
     R, B, U = y_RBU.shape
     out = torch.empty_like(y_RBU)
     block_m = min(64, max(16, U))
     grid = (R * B, (U + block_m - 1) // block_m)
-    _kernel()[grid](y_RBU, rho_RL, out, B, U, rho_RL.stride(0), BLOCK_M=block_m, BLOCK_K=block_m)
+    _kernel()[grid](y_RBU, rho_RL, out, B, U, rho_RL.shape[1], rho_RL.stride(0), BLOCK_M=block_m, BLOCK_K=block_m)
     return out

@@ -28,7 +28,11 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     lazy, fast = (next(r for r in e2e if r["method"] == m and r["batch"] == 3) for m in ("lazy", "flash"))
     assert f"e2e L=32 B=3: flash {lazy['total_s'] / fast['total_s']:.1f}x faster than lazy" in out
-    assert "tiles batched over slots" in out and "tiles of e2e flash B=3 L=32: 16: " in out
+    batched, unbatched = (next(r for r in e2e if r["method"] == m and r["batch"] == 3)
+                          for m in ("flash_batched", "flash_unbatched"))
+    assert (f"e2e L=32 B=3: tiles batched over slots {unbatched['mixer_s'] / batched['mixer_s']:.2f}x faster "
+            "(mixer time) than per-slot tiles") in out
+    assert "tiles of e2e flash B=3 L=32: 16: " in out
 
 
 @pytest.mark.parametrize("argv,message", [(["--methods", "quick"], "unknown method 'quick'"),

@@ -1,11 +1,6 @@
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 import torch
-from packaging.version import Version
 
 from lcsm.inference.tau import TAUS, build_tau, triton_available
 
@@ -40,32 +35,6 @@ def test_tau_of_some_rows_equals_those_rows_of_the_whole(name):
     tau = build_tau(name, rho)
     tau.prepare(8)
     torch.testing.assert_close(tau.rows(2, 4)(y[2:4]), brute_force_tile(y[2:4], rho[2:4]), rtol=0, atol=1e-10)
-
-
-TRITON_CHECK = """
-import torch
-from lcsm.inference.tau import build_tau
-gen = torch.Generator().manual_seed(0)
-rho = torch.randn(2, 40, generator=gen)
-fft, triton_tau = build_tau("fft", rho), build_tau("triton", rho)
-for U in (1, 4, 16):
-    y = torch.randn(2, 2, U, generator=gen)
-    fft.prepare(U)
-    triton_tau.prepare(U)
-    torch.testing.assert_close(triton_tau(y), fft(y), rtol=1e-5, atol=1e-5)
-"""
-
-
-def test_triton_tau_in_interpreter_matches_fft():
-    """Triton reads TRITON_INTERPRET when it is imported, hence a fresh process."""
-    triton = pytest.importorskip("triton")
-    if Version(triton.__version__) < Version("3.7") and Version(np.__version__) >= Version("2.4"):
-        # Its interpreter calls int() on 1-element arrays, an error since numpy 2.4 (it passes with numpy 2.3);
-        # compiled for a GPU the kernel does not go through the interpreter.
-        pytest.skip(f"Triton {triton.__version__}'s interpreter fails under numpy {np.__version__}; needs numpy < 2.4")
-    env = os.environ | {"TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", TRITON_CHECK], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_triton_without_support_names_the_fix(monkeypatch):

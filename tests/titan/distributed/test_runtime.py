@@ -65,16 +65,6 @@ def test_apply_env_updates_the_debug_level_c10d_read_at_import(clean_env):
     assert dist.get_debug_level() == dist.DebugLevel.DETAIL
 
 
-@pytest.fixture
-def world_of_one(tmp_path, monkeypatch):
-    """A real one-rank gloo process group with a long init timeout."""
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=300))
-    yield
-    dist.destroy_process_group()
-
-
 class MeshStub:
     """Mesh dims and a flattened view with groups of their own (a one-rank DeviceMesh reuses the default group)."""
 

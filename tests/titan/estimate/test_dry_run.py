@@ -59,9 +59,15 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     assert len(ranks) == lay["pp"]
     assert sorted(s for r in ranks for s in r["stages"]) == list(range(lay["stages"]))
     assert sorted(i for r in ranks for layers in r["layers"] for i in layers) == list(range(args.n_layers))
+    # AdamW: two fp32 states and one gradient per master weight; a rank's total is the sum of its parts.
     for r in ranks:
-        assert all(v >= 0 for v in r["memory_bytes"].values()) and r["memory_gib"] > 0
-    assert report["step"]["tokens_per_s_per_gpu"] > 0
+        m = r["memory_bytes"]
+        assert all(v >= 0 for v in m.values()) and m["grads"] == m["params"] > 0 and m["optimizer"] == 2 * m["params"]
+        assert r["memory_gib"] == pytest.approx(sum(m.values()) / 2**30)
+    # Throughput: the global batch's tokens over the step time, shared by all GPUs.
+    step = report["step"]
+    assert step["tokens_per_s_per_gpu"] == pytest.approx(
+        step["global_batch"] * lay["seq_len"] / step["step_s"] / lay["world_size"])
 
 
 def test_tied_embeddings_still_pay_the_output_matmul_and_logits():
@@ -78,15 +84,6 @@ def test_tied_embeddings_still_pay_the_output_matmul_and_logits():
     assert rank["memory_bytes"]["logits"] == tokens * 128256 * 10
     assert rank["memory_bytes"]["params"] == 1_235_814_400 * 4 / 8  # fp32 master, evenly sharded
 
-
-def test_stage_split_is_the_trainers():
-    """Even, with the remainder on middle stages (the ends hold embedding and output), or at the split points."""
-    even = estimate(_config("llama3_405b_3d_est", ["--model.n_layers", "20"]), Hardware())
-    assert [len(r["layers"][0]) for r in even["ranks"]] == [2, 3, 3, 3, 3, 2, 2, 2]
-    points = ",".join(f"layers.{i}" for i in range(1, 8))
-    split = estimate(_config("llama3_405b_3d_est", ["--model.n_layers", "20",
-                                                   "--parallelism.pipeline_parallel_split_points", points]), Hardware())
-    assert [len(r["layers"][0]) for r in split["ranks"]] == [1, 1, 1, 1, 1, 1, 1, 13]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -121,20 +118,6 @@ def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     assert [len(first["layers"][0]), len(last["layers"][0])] == [15, 15]
     assert {c["group"] for c in first["collectives"]} == {"tp", "pp", "fsdp"}
     assert "tokens/s/GPU" in proc.stdout
-
-
-@pytest.mark.parametrize("ac, gathers, scatters", [
-    (["none"], 10, 10),
-    (["full"], 14, 12),  # recomputation stops before each block's MLP reduce-scatter
-    (["selective", "--activation_checkpoint.selective_ac_option", "op"], 14, 10),  # the policy saves them
-    (["selective", "--activation_checkpoint.selective_ac_option", "1"], 14, 12),
-])
-def test_tp_collectives_with_recomputation_are_the_measured_ones(ac, gathers, scatters):
-    """Counts measured with --metrics.comm_stats on 2 gloo ranks (debug model, 2 layers, TP 2)."""
-    cfg = parse_args(["--comm.world_size", "2", "--model.n_layers", "2", "--parallelism.tensor_parallel_degree", "2",
-                      "--activation_checkpoint.mode", *ac])
-    calls = {c["op"]: c["calls"] for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] == "tp"}
-    assert (calls["all_gather"], calls["reduce_scatter"]) == (gathers, scatters)
 
 
 def _fsdp_rows(world, *extra):

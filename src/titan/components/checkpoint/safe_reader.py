@@ -7,6 +7,8 @@ payload that would run code) is refused. Tensor data is read by DCP with `torch.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import io
 import pickle
 from pathlib import Path
@@ -30,10 +32,21 @@ _ALLOWED = {
 }
 
 
+def _is_metadata_class(obj: Any) -> bool:
+    """DCP's metadata records (dataclasses) and enums: building one runs no code of the file's choosing."""
+    return isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED:
+        # A dotted name (pickle protocol 4) reaches through a module's attributes, e.g. DCP's filesystem module's
+        # `os.system`: only plain names, and from DCP's modules only its metadata classes.
+        if "." not in name and (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if "." not in name and module.startswith(_ALLOWED_MODULE_PREFIXES):
+            found = super().find_class(module, name)
+            if _is_metadata_class(found):
+                return found
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
                                                                            torch.memory_format)):
             return getattr(torch, name)

@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from tests.titan.components.checkpoint.test_manager import trained_linear
 from titan.components.checkpoint import CheckpointError, CheckpointManager, DamagedCheckpoint
@@ -91,35 +90,6 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
 
 
-def test_a_checkpoint_holding_nan_is_skipped(tmp_path, caplog, monkeypatch):
-    saved_steps(tmp_path, steps=(1,))
-    model, opt, sched = trained_linear()
-    with torch.no_grad():
-        model.weight[0, 0] = float("inf")
-    # As if written by a version without the check: bypass it for this one save.
-    monkeypatch.setattr("titan.components.checkpoint.manager.nonfinite_entry", lambda state: None)
-    manager(tmp_path).save(2, [model], [opt], [sched], {"step": 2})
-    monkeypatch.undo()
-    state, model, warnings = resume(tmp_path, caplog)
-    assert state["step"] == 1 and torch.isfinite(model.weight).all()
-    assert len(warnings) == 1 and "model.weight holds NaN or Inf" in warnings[0]
-
-
-def test_dcp_checkpoint_exception_is_caught_and_falls_back(tmp_path, caplog, monkeypatch):
-    saved_steps(tmp_path)
-    assert not issubclass(CheckpointException, Exception)  # why `except Exception` missed it
-    real_load = dcp.load
-
-    def failing_load(state, storage_reader):
-        if str(storage_reader.path).endswith("step-2"):
-            raise CheckpointException("load", {0: RuntimeError("garbled shard")})
-        return real_load(state, storage_reader=storage_reader)
-
-    monkeypatch.setattr(dcp, "load", failing_load)
-    state, model, warnings = resume(tmp_path, caplog)
-    assert state["step"] == 1 and len(warnings) == 1 and "rank 0: RuntimeError: garbled shard" in warnings[0]
-
-
 @pytest.mark.parametrize("stage", ["data", "manifest"])
 def test_an_io_error_during_a_save_is_one_error_and_leaves_earlier_checkpoints(tmp_path, caplog, monkeypatch, stage):
     model, opt, sched = saved_steps(tmp_path, steps=(1,))
@@ -166,12 +136,3 @@ def test_stale_tmp_folders_are_removed_at_start_up(tmp_path):
     (tmp_path / "notes.tmp").mkdir()  # not ours: left alone
     manager(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-1"]
-
-
-def test_a_checkpoint_of_other_dimensions_names_the_difference(tmp_path):
-    saved_steps(tmp_path, steps=(1,))
-    model, opt, sched = trained_linear()
-    other = manager(tmp_path)
-    other.identity = {**other.identity, "model_args": "Args(dim=8)"}
-    with pytest.raises(CheckpointError, match=r"with other dimensions: dim 4 \(this run 8\)"):
-        other.load_latest([model], [opt], [sched], {"step": 0})

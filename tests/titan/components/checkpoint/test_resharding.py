@@ -24,5 +24,5 @@ def dp2_run(module_tmp_path):
 def test_resume_on_another_layout(tmp_path, dp2_run, nproc, layout):
     shutil.copytree(dp2_run / "checkpoint" / "step-2", tmp_path / "checkpoint" / "step-2")
     proc = run_train([*ARGS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
-    assert "resumed from checkpoint" in proc.stdout
+    assert f"resumed from checkpoint {tmp_path / 'checkpoint' / 'step-2'} (" in proc.stdout
     assert losses(tmp_path) == pytest.approx(losses(dp2_run)[2:], rel=1e-5)

@@ -82,7 +82,7 @@ def test_checkpoint_to_hf_and_back_is_exact(tmp_path):
     run_train([*run, "--job.dump_folder", str(tmp_path / "a")])
     proc = run_train(["--to-hf", str(tmp_path / "hf"), *run, "--job.dump_folder", str(tmp_path / "a")],
                      module="titan.export")
-    assert "wrote" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == f"wrote {tmp_path / 'hf'}"
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["model_type"] == "llama"
     assert len(load_file(str(tmp_path / "hf" / "model.safetensors"))) == 2 * 9 + 3
@@ -94,4 +94,4 @@ def test_checkpoint_to_hf_and_back_is_exact(tmp_path):
     for k in trained:
         assert torch.equal(trained[k], imported[k]), k
     proc = run_train([*run, "--job.dump_folder", str(tmp_path / "b")])
-    assert "resumed from checkpoint" in proc.stdout and "step-0 (model)" in proc.stdout
+    assert f"resumed from checkpoint {tmp_path / 'b' / 'checkpoint' / 'step-0'} (model)" in proc.stdout

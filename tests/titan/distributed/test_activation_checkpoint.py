@@ -1,0 +1,111 @@
+"""Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory.
+
+Tolerance: recomputation runs the same ops in the same order, so fp32 losses and gradients match eager to rtol 1e-6.
+"""
+
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from titan.config.job_config import ActivationCheckpoint
+from titan.distributed import apply_ac
+from titan.models.llama3.model import ModelArgs, Transformer
+
+ARGS = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=16, max_seq_len=64)
+AC_MODES = {"full": ("full", "2"), "selective-op": ("selective", "op"), "selective-every-2": ("selective", "2")}
+
+
+class PeakLiveBytes(TorchDispatchMode):
+    """Memory probe: bytes of the tensor storages that ops allocate and that are still alive, and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.sizes: dict[int, int] = {}
+
+    def _release(self, key: int) -> None:
+        self.live -= self.sizes.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            # Views and in-place results share a storage that is already counted.
+            if key in self.sizes or storage.nbytes() == 0:
+                continue
+            self.sizes[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._release, key)
+        return out
+
+
+def tiny_model(ac: tuple[str, str] | None = None) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ARGS)
+    model.init_weights()
+    if ac is not None:
+        apply_ac(model, ActivationCheckpoint(mode=ac[0], selective_ac_option=ac[1]))
+    return model
+
+
+def loss_of(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def train_losses(model: Transformer, steps: int = 3) -> tuple[list[float], list[torch.Tensor]]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_of(model, torch.randint(0, ARGS.vocab_size, (4, 33), generator=gen))
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return train_losses(tiny_model())
+
+
+@pytest.mark.parametrize("mode", AC_MODES)
+def test_activation_checkpointing_matches_eager(eager, mode):
+    losses, params = train_losses(tiny_model(AC_MODES[mode]))
+    assert losses == pytest.approx(eager[0], rel=1e-6)
+    for got, want in zip(params, eager[1]):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_activation_checkpointing_lowers_peak_memory():
+    tokens = torch.randint(0, ARGS.vocab_size, (4, 65), generator=torch.Generator().manual_seed(2))
+    peaks = {}
+    for mode, ac in {"none": None, **AC_MODES}.items():
+        model = tiny_model(ac)
+        with PeakLiveBytes() as probe:
+            loss_of(model, tokens).backward()
+        peaks[mode] = probe.peak
+    # Measured: none 7.0 MiB, full 3.1, op 4.0, every-2 4.5 (gradients included, same in all).
+    assert peaks["full"] < 0.6 * peaks["none"], peaks
+    assert peaks["full"] < peaks["selective-op"] < peaks["none"], peaks
+    assert peaks["selective-every-2"] < 0.8 * peaks["none"], peaks
+
+
+@pytest.mark.parametrize("mode, option, wrapped", [("none", "2", []), ("full", "2", [0, 1, 2, 3]),
+                                                   ("selective", "2", [0, 2]), ("selective", "3", [0, 3]),
+                                                   ("selective", "op", [0, 1, 2, 3])])
+def test_each_mode_wraps_the_blocks_it_names(mode, option, wrapped):
+    with torch.device("meta"):
+        model = Transformer(ARGS)
+    apply_ac(model, ActivationCheckpoint(mode=mode, selective_ac_option=option))
+    assert [i for i, block in enumerate(model.layers.values()) if isinstance(block, CheckpointWrapper)] == wrapped
