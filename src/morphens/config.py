@@ -88,6 +88,11 @@ class MotherNet:
     warm-restart cycles of snapshot_epochs, each from the last; the j-th member of a cluster hatches from cycle j."""
     snapshot_epochs: float = 2.0
     """Epochs of each warm-restart cycle (peak training.lr, cosine to zero); counted in the mother's cost."""
+    batch_size: int = 0
+    """Batch size of the mother and its snapshot cycles (0 = training.batch_size). A small net's step costs
+    about as much wall time as a member's on CPU (fixed per-op costs), so a mother pays off in fewer, larger steps."""
+    lr_factor: float = 1.0
+    """Peak learning rate of the mother and its snapshot cycles relative to training.lr (raise it with batch_size)."""
 
     def clusters_for(self, k: int) -> int:
         """g for an ensemble of k members."""
@@ -101,6 +106,8 @@ class MotherNet:
             raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
         if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:
             raise ValueError("mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0")
+        if self.batch_size < 0 or self.batch_size == 1 or self.lr_factor <= 0:
+            raise ValueError("mothernet: batch_size must be 0 (= training.batch_size) or >= 2, lr_factor > 0")
         if self.snapshots < 1 or self.snapshot_epochs <= 0:
             raise ValueError("mothernet: snapshots must be >= 1 (1 = one mother) and snapshot_epochs > 0")
 

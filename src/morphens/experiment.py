@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import torch
 
@@ -69,6 +70,8 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     flops = seconds = cpu_seconds = param_epochs = 0.0
     calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
     groups = cluster(members, m.clusters_for(len(members)))
+    mcfg = replace(cfg, training=replace(t, batch_size=m.batch_size or t.batch_size))
+    mother_lr = t.lr * m.lr_factor
     mothers: list[dict] = []
     trained = {}
     for c, idx in enumerate(groups):
@@ -76,11 +79,11 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         mothers.append({"arch": describe(arch), "members": idx})
         if len(idx) == 1:
             continue
-        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, cfg, m.mother_epochs, t.lr,
+        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, mcfg, m.mother_epochs, mother_lr,
                     derived_seed(t.seed, MOTHER, c), f"mother-{c}-of-{len(members)}")]
         for s in range(1, min(m.snapshots, len(idx))):  # each warm restart ends in a distinct, converged mother
-            runs.append(fit(runs[-1].net, data, cfg, m.snapshot_epochs, t.lr, derived_seed(t.seed, SNAPSHOT, c, s),
-                            f"mother-{c}-of-{len(members)}-snapshot-{s}"))
+            runs.append(fit(runs[-1].net, data, mcfg, m.snapshot_epochs, mother_lr,
+                            derived_seed(t.seed, SNAPSHOT, c, s), f"mother-{c}-of-{len(members)}-snapshot-{s}"))
         trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
         flops += sum(r.flops for r in runs)
         seconds, cpu_seconds = seconds + sum(r.seconds for r in runs), cpu_seconds + sum(r.cpu_seconds for r in runs)

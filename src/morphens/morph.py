@@ -84,9 +84,20 @@ def _with_width(arch: Arch, key: tuple, width: int) -> Arch:
 def _child(parent: Net, arch: Arch, state: dict[str, torch.Tensor], gen: torch.Generator | None) -> Net:
     """A net of `arch`: fresh (seeded) weights wherever `state` says nothing, `state` everywhere else."""
     weight = next(parent.parameters())
+    with torch.device("meta"):
+        child = Net(arch)
+    seed = int(torch.randint(2**62, (), generator=gen)) if gen is not None else 0  # drawn either way: same stream
+    keys = child.state_dict().keys()
+    if keys <= state.keys():
+        # Nothing left to initialize (every morphism but a ResNet deepen): skip building, seeding and
+        # initializing weights only to overwrite them, the bulk of a hatch's time. Copies, so that training the
+        # child never writes into the parent's tensors.
+        dtype = lambda t: weight.dtype if t.is_floating_point() else t.dtype
+        child.load_state_dict({k: state[k].to(weight.device, dtype(state[k]), copy=True) for k in keys}, assign=True)
+        return child.train(parent.training)
     child = Net(arch).to(device=weight.device, dtype=weight.dtype)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch.randint(2**62, (), generator=gen)) if gen is not None else 0)
+        torch.manual_seed(seed)
         child.init_weights()
     child.load_state_dict({**child.state_dict(), **state})
     return child.train(parent.training)
@@ -110,16 +121,26 @@ def widen(parent: Net, key: tuple, width: int, gen: torch.Generator | None = Non
     return _child(parent, _with_width(parent.arch, key, width), {**state, **new}, gen)
 
 
+class _Seen(Exception):
+    """Carries a submodule's output out of a forward pass that need not go on."""
+
+
 @torch.no_grad()
 def _channel_stats(parent: Net, path: str, calib: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and (biased) variance of submodule `path`'s output on `calib`, in train mode as training
     will see it (on a copy: train mode updates BatchNorm statistics)."""
     model = copy.deepcopy(parent).train()
-    seen = []
-    model.get_submodule(path).register_forward_hook(lambda m, i, out: seen.append(out))
-    model(calib)
-    dims = [d for d in range(seen[0].dim()) if d != 1]
-    return seen[0].mean(dims), seen[0].var(dims, unbiased=False)
+
+    def stop(module: torch.nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        raise _Seen(out)  # the layers after `path` would only cost time
+
+    model.get_submodule(path).register_forward_hook(stop)
+    try:
+        model(calib)
+    except _Seen as seen:
+        out = seen.args[0]
+    dims = [d for d in range(out.dim()) if d != 1]
+    return out.mean(dims), out.var(dims, unbiased=False)
 
 
 def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = None,
@@ -164,7 +185,8 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
                  else (ref.new_zeros(width), ref.new_ones(width)))
     eps = parent.get_submodule(producer).bn.eps
     new |= {f"{name}.bn.running_mean": mean, f"{name}.bn.running_var": var,
-            f"{name}.bn.weight": (var + eps).sqrt(), f"{name}.bn.bias": mean}
+            f"{name}.bn.weight": (var + eps).sqrt(), f"{name}.bn.bias": mean,
+            f"{name}.bn.num_batches_tracked": torch.zeros((), dtype=torch.long)}  # as a fresh BatchNorm's
     return _child(parent, child_arch, {**state, **new}, gen)
 
 

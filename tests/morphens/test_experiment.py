@@ -111,3 +111,21 @@ def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
         assert first.arch == mother_of([members[i] for i in mother["members"]]) == second.arch
 
 
+
+
+def test_mothers_train_with_their_own_batch_size_and_lr(monkeypatch, tmp_path):
+    """mothernet.batch_size 128 and lr_factor 2: mother and snapshot at batch 128 and 2x lr; members as before."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "mothernet.mother_epochs": "0.1",
+                                                      "mothernet.snapshots": "2", "mothernet.snapshot_epochs": "0.1",
+                                                      "mothernet.batch_size": "128", "mothernet.lr_factor": "2"})
+    seen = {}
+    real_fit = experiment.fit
+
+    def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
+        seen[name.split("-")[0] + ("-snapshot" if "snapshot" in name else "")] = (run_cfg.training.batch_size, lr)
+        return real_fit(net, data, run_cfg, epochs, lr, seed, name, solo)
+
+    monkeypatch.setattr(experiment, "fit", spy)
+    mothernets(cfg, data, members, eval_labels(data))
+    lr = cfg.training.lr
+    assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (64, lr * 1.0)}
