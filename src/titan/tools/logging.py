@@ -23,7 +23,9 @@ class _CurrentStdout(logging.StreamHandler):
 
 
 def init_logger() -> None:
-    if logger.handlers:
+    # Idempotent on our own handler only: one a user (or a test harness) attached to "titan" keeps its output
+    # and does not take the console's away.
+    if any(isinstance(h, _CurrentStdout) for h in logger.handlers):
         return
     rank = int(os.environ.get("RANK", "0"))
     handler = _CurrentStdout()

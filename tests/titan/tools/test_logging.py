@@ -2,10 +2,11 @@
 sys.stdout as it is at the time of the call."""
 
 import logging
+import logging.handlers
 
 import pytest
 
-from titan.tools.logging import init_logger, logger
+from titan.tools.logging import _CurrentStdout, init_logger, logger
 
 
 @pytest.fixture
@@ -38,4 +39,14 @@ def test_other_ranks_print_warnings_only_with_their_rank(fresh_logger, capsys):
 def test_a_second_init_adds_no_second_handler(fresh_logger):
     init_logger()
     init_logger()
-    assert len(logger.handlers) == 1
+    assert len([h for h in logger.handlers if isinstance(h, _CurrentStdout)]) == 1
+
+
+def test_a_handler_of_the_users_own_does_not_silence_the_console(fresh_logger, capsys):
+    fresh_logger.delenv("RANK", raising=False)
+    fresh_logger.delenv("WORLD_SIZE", raising=False)
+    kept = logging.handlers.BufferingHandler(10)
+    logger.addHandler(kept)
+    init_logger()
+    logger.info("both")
+    assert capsys.readouterr().out.endswith("INFO both\n") and kept.buffer[0].getMessage() == "both"
