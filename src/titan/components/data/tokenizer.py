@@ -87,10 +87,16 @@ class Llama3Tokenizer(Tokenizer):
 class BPETokenizer(Tokenizer):
     """A byte-level BPE (HF `tokenizers`) with BOS/EOS; small vocabularies keep tiny models cheap."""
 
-    def __init__(self, path: Path, bos: str = BOS, eos: str = EOS):
+    def __init__(self, path: Path, bos: str = BOS, eos: str = EOS, declared: tuple[str, ...] = ()):
+        """`declared`: special tokens tokenizer_config.json names; those tokenizer.json lacks are appended after
+        its vocabulary, as TorchTitan and transformers do (TorchTitan's own test tokenizer declares its BOS/EOS
+        only there)."""
         from tokenizers import Tokenizer as HFTokenizer
 
         self.model = HFTokenizer.from_file(str(path))
+        missing = [t for t in dict.fromkeys(declared) if self.model.token_to_id(t) is None]
+        if missing:
+            self.model.add_special_tokens(missing)
         self.vocab_size = self.model.get_vocab_size()
         self.bos_id, self.eos_id = self.model.token_to_id(bos), self.model.token_to_id(eos)
         if self.bos_id is None or self.eos_id is None:
@@ -138,8 +144,9 @@ def hf_folder_tokenizer(folder: Path) -> Tokenizer:
         path = folder / "tokenizer.json"
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        tokenizer = BPETokenizer(path, _special_token(config, "bos_token") or BOS,
-                                 _special_token(config, "eos_token") or EOS)
+        bos, eos = _special_token(config, "bos_token"), _special_token(config, "eos_token")
+        added = [t.get("content") for t in config.get("added_tokens_decoder", {}).values() if isinstance(t, dict)]
+        tokenizer = BPETokenizer(path, bos or BOS, eos or EOS, tuple(t for t in (bos, eos, *added) if t))
     elif (folder / "original" / "tokenizer.model").is_file():
         path = folder / "original" / "tokenizer.model"
         tokenizer = Llama3Tokenizer(path)

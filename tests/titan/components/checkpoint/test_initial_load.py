@@ -185,3 +185,23 @@ def test_other_shapes_are_named(trained, tmp_path):
     model = Transformer(ModelArgs(**{**vars(first.model_args), "hidden_dim": 96}))
     with pytest.raises(UserError, match=r"w1.weight has shape \[\d+, 256\] there, the model needs \[96, 256\]"):
         load_initial_checkpoint([model], *initial_checkpoint(_config(step2), tmp_path / "own"))
+
+
+def test_special_tokens_declared_only_in_tokenizer_config_are_appended(tmp_path):
+    # TorchTitan's tests/assets/tokenizer: tokenizer.json has no added tokens, tokenizer_config.json's
+    # added_tokens_decoder names BOS/EOS; TorchTitan (and transformers) append them after the vocabulary.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    plain = Tokenizer(models.BPE())
+    plain.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    plain.decoder = decoders.ByteLevel()
+    plain.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    plain.save(str(tmp_path / "tokenizer.json"))
+    size = plain.get_vocab_size()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {
+        "128000": {"content": "<|begin_of_text|>", "special": True},
+        "128001": {"content": "<|end_of_text|>", "special": True}}}))
+    tok = hf_folder_tokenizer(tmp_path)
+    assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (size, size + 1, size + 2)
+    assert tok.decode(tok.encode("the cat")) == "the cat"
