@@ -18,6 +18,7 @@ from torch import nn
 
 from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
 from titan.components.checkpoint.initial_load import initial_checkpoint, initial_state_dict, load_initial_checkpoint
+from titan.components.metrics.throughput import cpu_has_bf16_units
 from titan.config import JobConfig
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges, stages_per_rank
@@ -186,8 +187,7 @@ def materialize(parts: list[nn.Module], device: torch.device, initial_state_dict
 def warn_if_bf16_is_slow(device: torch.device, cfg: JobConfig) -> None:
     """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls: 10-50x slower
     than float32 there (13x measured on an AVX2 EPYC), so the default precision would make every run crawl."""
-    if device.type == "cpu" and cfg.training.mixed_precision_param == "bfloat16" and not (
-            torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+    if device.type == "cpu" and cfg.training.mixed_precision_param == "bfloat16" and not cpu_has_bf16_units():
         logger.warning("training.mixed_precision_param bfloat16 on a CPU without bf16 units (no AVX512-BF16 or "
                        "AMX): its matmuls run 10-50x slower than float32 here; pass "
                        "--training.mixed_precision_param float32")

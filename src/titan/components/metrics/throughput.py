@@ -112,13 +112,24 @@ def _best_cpu_peak_tflops(key: str, dtype: torch.dtype) -> float:
     return float(table[key])
 
 
+def cpu_has_bf16_units() -> bool:
+    """AVX512-BF16 or AMX: without either, bf16 matmuls are emulated."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16,
                        configured_cpu_peak: float = 0.0) -> float | None:
-    """The peak MFU divides by, in the run's compute dtype; None (MFU n/a) for a GPU not in the table and for fp32
-    on a GPU, whose peak depends on TF32 settings the table does not know."""
+    """The peak MFU divides by, in the run's compute dtype; None (MFU n/a) for a GPU not in the table, for fp32
+    on a GPU (its peak depends on TF32 settings the table does not know), and for half precision on a CPU that
+    emulates it: the emulation speeds up with size past what the time budget measures (a bf16 debug run showed
+    245% of its measured peak), so no measured figure is a peak."""
     if device.type == "cuda":
         return gpu_peak_tflops(torch.cuda.get_device_name(device)) if dtype != torch.float32 else None
-    return configured_cpu_peak or cpu_peak_tflops(dtype)
+    if configured_cpu_peak:
+        return configured_cpu_peak
+    if dtype != torch.float32 and not cpu_has_bf16_units():
+        return None
+    return cpu_peak_tflops(dtype)
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -50,6 +50,7 @@ def test_peak_measurement_stops_before_sizes_that_would_outlast_its_budget(monke
 def test_the_cpu_peak_is_measured_and_cached_in_the_runs_compute_dtype(tmp_path, monkeypatch):
     # This box emulates bf16 at ~1/13 of its fp32 rate: an fp32 run divided by the bf16 peak showed 250% MFU.
     monkeypatch.setenv("TITAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(throughput, "cpu_has_bf16_units", lambda: True)
     monkeypatch.setattr(throughput, "measure_matmul_peak_tflops",
                         lambda dtype: {256: {torch.bfloat16: 0.001, torch.float32: 0.013}[dtype]})
     throughput._best_cpu_peak_tflops.cache_clear()
@@ -60,6 +61,14 @@ def test_the_cpu_peak_is_measured_and_cached_in_the_runs_compute_dtype(tmp_path,
         throughput._best_cpu_peak_tflops.cache_clear()
     keys = json.loads((tmp_path / "cpu_peak_tflops.json").read_text())
     assert sorted(k.rsplit("|", 1)[1] for k in keys) == ["bfloat16", "float32"]
+
+
+def test_half_precision_on_a_cpu_that_emulates_it_has_no_mfu(monkeypatch):
+    # The emulation gets faster with size past what the time budget measures: a measured figure is no peak.
+    monkeypatch.setattr(throughput, "cpu_has_bf16_units", lambda: False)
+    monkeypatch.setattr(throughput, "measure_matmul_peak_tflops", lambda dtype: pytest.fail("must not measure"))
+    assert throughput.device_peak_tflops(torch.device("cpu"), torch.bfloat16) is None
+    assert throughput.device_peak_tflops(torch.device("cpu"), torch.bfloat16, 2.5) == 2.5
 
 
 def test_configured_cpu_peak_wins():
