@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lcsm.inference import bench_report
-from lcsm.inference.decode import new_decode_state
+from lcsm.inference.decode import CompileError, new_decode_state
 from lcsm.inference.engines import build_engine
 from lcsm.inference.tau import TAUS, triton_available
 from lcsm.model.fftconv import fft_causal_conv
@@ -101,7 +101,7 @@ def e2e_args(L: int, D: int, layers: int) -> HyenaArgs:
 
 
 def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.device, budget: float,
-              cache: dict) -> dict | None:
+              cache: dict, compiled: bool = False) -> dict | None:
     key = (L, D, B, layers)
     if key not in cache:  # one model, token stream and parallel reference per shape, shared by all methods
         torch.manual_seed(0)
@@ -117,19 +117,27 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
     if name == "flash":  # fill the autotune caches outside the timing, with the engine alone
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
-    state = new_decode_state(model, name, B, **options)
+    state = new_decode_state(model, name, B, compiled=compiled, **options)
     mixer_s = [0.0]
-    engine_step, now = state.engine.step, clock(device)
+    # The split is timed in wall time (perf_counter, 30 ns; process_time is a 0.5 us syscall, 16 per token) and
+    # scaled to the process time of the whole run: approximate on a loaded box, while total_s stays exact.
+    engine_step, now, split_clock = state.engine.step, clock(device), time.perf_counter
 
     def timed_step(y, slot):
-        sync(device)
-        start = now()
+        start = split_clock()
         z = engine_step(y, slot)
-        sync(device)
-        mixer_s[0] += now() - start
+        mixer_s[0] += split_clock() - start
         return z
 
-    state.engine.step = timed_step
+    def timed_step_cuda(y, slot):  # the step's kernels alone: the queue drained before and after
+        torch.cuda.synchronize()
+        start = split_clock()
+        z = engine_step(y, slot)
+        torch.cuda.synchronize()
+        mixer_s[0] += split_clock() - start
+        return z
+
+    state.engine.step = timed_step_cuda if device.type == "cuda" else timed_step
     state.prefill(tokens[:, :1])
     inputs = tokens.T.unbind(0)
     sync(device)
@@ -139,8 +147,9 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         if t % 256 == 0 and now() - start > budget:
             return None
     sync(device)
-    total_s = now() - start
-    return dict(mixer_s=mixer_s[0], total_s=total_s, wall_s=time.perf_counter() - wall_start,
+    total_s, wall_s = now() - start, time.perf_counter() - wall_start
+    return dict(mixer_s=total_s * mixer_s[0] / wall_s, total_s=total_s, decode="compiled" if compiled else "eager",
+                wall_s=wall_s,
                 max_abs_err=(logits - ref).abs().max().item(), layers=layers, tiles=_tiles(state.engine))
 
 
@@ -168,6 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "quick 3)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny FFTs slow down with more on a "
                    "loaded box)")
+    p.add_argument("--decode", choices=["compiled", "eager"], help="e2e: the decode step outside the long "
+                   "convolutions, the same for every method: compiled by AOTInductor (the default; built once per "
+                   "machine and shape, about 30 s, needs a C++ compiler on the CPU) or eager (quick's default)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
 
@@ -201,8 +213,9 @@ def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, de
             try:
                 if part == "mixer":
                     rec = bench_mixer(method, L, args.channels, B, device, limit)
-                else:
-                    rec = bench_e2e(method, L, args.channels, B, args.layers, device, limit, e2e_cache)
+                else:  # a CompileError passes: every e2e method shares the decode step
+                    rec = bench_e2e(method, L, args.channels, B, args.layers, device, limit, e2e_cache,
+                                    compiled=args.decode == "compiled")
             except MemoryError as e:
                 print(f"  {part} {method}: skipped from L={L} ({e})")
                 over.add(method)
@@ -237,6 +250,13 @@ def check_device(name: str) -> torch.device:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    try:
+        return run_bench(argv)
+    except CompileError as e:
+        raise UserError(str(e)) from e
+
+
+def run_bench(argv: list[str]) -> int:
     args = parse_args(argv)
     device = check_device(args.device)
     check_writable(args.out, "--out", "give another folder")  # before the benchmark, not after it
@@ -246,13 +266,15 @@ def main(argv: list[str]) -> int:
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
     methods = args.methods or all_methods(device)
     args.batch = args.batch or ([1] if args.quick else [1, 8])
+    args.decode = args.decode or ("eager" if args.quick else "compiled")
     errors = check_args(args, lengths, methods, device)
     if errors:
         raise UserError(errors[0])
     torch.set_num_threads(args.threads)
     timing = "wall time" if device.type == "cuda" else "process CPU time"
     print(f"lcsm.bench on {device} ({timing}), {torch.get_num_threads()} thread(s), float32, D={args.channels}, "
-          f"B={' '.join(map(str, args.batch))}, e2e layers={args.layers} (order 2), budget {budget:.0f} s per "
+          f"B={' '.join(map(str, args.batch))}, e2e layers={args.layers} (order 2, {args.decode} decode step), "
+          f"budget {budget:.0f} s per "
           "quadratic run")
     records: list[dict] = []
     for part in args.parts:

@@ -9,7 +9,7 @@ from lcsm.inference.bench import main
 def test_bench_writes_records_and_plot(tmp_path, capsys):
     argv = ["--lengths", "32", "64", "--methods", "lazy", "eager", "recompute", "flash", "flash_batched",
             "flash_unbatched", "flash_fft", "--channels", "4", "--layers", "2", "--e2e-max-len", "32", "--batch", "1",
-            "3", "--out", str(tmp_path)]
+            "3", "--decode", "eager", "--out", str(tmp_path)]
     assert main(argv) == 0
     records = json.loads((tmp_path / "results.json").read_text())
     png = matplotlib.image.imread(tmp_path / "results.png")

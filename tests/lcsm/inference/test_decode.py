@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.inference.decode import fold_norm, new_decode_state, rms_scale
+from lcsm.inference.decode import CompileError, fold_norm, new_decode_state, rms_scale
 from tests.lcsm.conftest import TINY_ARGS as ARGS
 from tests.lcsm.conftest import tiny_hyena
 
@@ -61,3 +61,30 @@ def test_second_prefill_names_the_fix(model, tokens):
     state.prefill(tokens[:, :3])
     with pytest.raises(ValueError, match="build a new decode state"):
         state.prefill(tokens[:, :3])
+
+
+@pytest.fixture(scope="module")
+def compiled_states(model):
+    """Builds the compiled decode step once (about 30 s on 2 cores); later states load it from the cache."""
+    return lambda engine, **options: new_decode_state(model, engine, 2, compiled=True, **options)
+
+
+@pytest.mark.parametrize("engine,P", [("flash", 3), ("lazy", 1)])
+def test_compiled_decode_equals_parallel_forward(compiled_states, model, tokens, engine, P):
+    state = compiled_states(engine)
+    logits = [state.prefill(tokens[:, :P])]
+    logits += [state.step(tokens[:, t])[:, None] for t in range(P, ARGS.max_seq_len)]
+    torch.testing.assert_close(torch.cat(logits, 1), model(tokens), rtol=0, atol=1e-10)
+
+
+def test_compiled_decode_is_built_once_per_shape_then_loaded(compiled_states, model, monkeypatch):
+    compiled_states("lazy")  # built (or already in this session's cache)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", lambda *a, **k: pytest.fail("compiled twice"))
+    compiled_states("eager")
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Compiler: cc is not found.")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
+    with pytest.raises(CompileError, match=r"failed \(RuntimeError: Compiler: cc is not found.\); .*--decode eager"):
+        new_decode_state(model, "lazy", 3, compiled=True)  # another batch size: another build, which fails here
