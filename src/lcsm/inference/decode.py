@@ -1,21 +1,22 @@
 """One generated token through a Hyena LM outside its long convolutions, the same for every online engine.
 
 At B x D = 1 x 64 on a CPU a tensor op costs microseconds of dispatch and almost no arithmetic, so a decode step
-costs its number of calls. Between one block's last long convolution and the next block's first there is no
-choice to make, so all of it is one function, `block_exit`: the last gate, out_proj, the MLP, then the next
-block's RMSNorm, in_proj and short conv. A token is the embedding, `block_exit` once per block boundary and the
-long convolutions (with one gate multiply between two of them). The embedding enters as the output of a block
-whose weights are zero, and the head as a "next block" whose in_proj is the output layer and whose short conv
-passes the newest position through, so that one function (one compiled artifact) serves every call.
-
-`block_exit` runs eagerly, or compiled ahead of time by AOTInductor into one fused C++ call (CUDA kernels on a
-GPU), which at D=64 on a CPU is several times faster. The weights are rearranged once per decode state, equal to
-the modules' arithmetic up to rounding:
+costs its number of calls. Two implementations, both equal to the modules' arithmetic up to rounding:
+- eager (EagerBlock): 14 tensor calls per block besides its long convolutions, each into a buffer made once;
+- compiled (block_exit): everything between one block's last long convolution and the next block's first (the
+  last gate, out_proj, the MLP, the next block's RMSNorm, in_proj and short conv) is one function, compiled ahead
+  of time by AOTInductor into one fused C++ call (CUDA kernels on a GPU). The embedding enters as the output of a
+  block whose weights are zero, and the head as a "next block" whose in_proj is the output layer and whose short
+  conv passes the newest position through, so that one artifact serves every call; it is built once per machine
+  and shape (about 30 s) and cached.
+The weights are rearranged once per decode state:
 - each RMSNorm's weight (and sqrt(D)) is folded into the projection after it; the norm leaves one scale per row;
 - in_proj's output channels [d, p] become groups [p, d], so the value and each gate are (B, D) slices;
-- the short causal conv runs on a ring of the last K in_proj outputs (zeros before position 0, where the conv's
-  zero padding drops in_proj's bias too);
-- the MLP's exact gelu is written with erf (see block_exit).
+- the MLP's exact gelu is written with erf: aten's gelu runs scalar code on some CPUs (50 us for 256 floats
+  here), its erf is vectorized (5 us);
+- eager folds the short conv into in_proj (a ring of normalized inputs, in_proj's weight times the conv kernel,
+  rotated once per ring position) and out_proj's bias into its matmul; compiled runs the conv on a ring of
+  in_proj outputs (zeros before position 0, where the conv's zero padding drops in_proj's bias too).
 """
 
 from __future__ import annotations
@@ -50,8 +51,7 @@ def block_exit(x_BD, z_BD, gate_BD, ring_BKGD, out_w_DD, out_b_D, w1_DH, w2_HD, 
     """A block's output from its input x and its last long convolution z, then the next block's ring of in_proj
     outputs (B, K, G, D) and its short conv's output u (B, G, D): returns (out_BD, ring_BKGD, u_BGD)."""
     h = torch.addmm(x_BD, gate_BD * z_BD, out_w_DD).add_(out_b_D)
-    # gelu(a) @ w2 = (a' + a' erf(a')) @ (w2 / sqrt 2) with a' = a / sqrt 2 (folded into w1 and w2): aten's exact
-    # gelu runs scalar code on some CPUs (50 us for 256 floats here), its erf is vectorized (5 us).
+    # gelu(a) @ w2 = (a' + a' erf(a')) @ (w2 / sqrt 2) with a' = a / sqrt 2, folded into w1 and w2.
     a = torch.mm(h, w1_DH).mul_(rms_scale(h, D_eps))
     out = torch.addmm(h, torch.addcmul(a, a, torch.erf(a)), w2_HD)
     projected = torch.addmm(in_b_GD.flatten(), out * rms_scale(out, D_eps), in_w_DGD.flatten(1))
@@ -112,8 +112,85 @@ def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
     return compiled
 
 
-class DecodeBlock:
-    """A HyenaBlock's weights in decode layout (a snapshot) and its ring of in_proj outputs."""
+class SquareNorm:
+    """`scale()` = rms_scale of a fixed (B, D) buffer, as two ops into a buffer of its own."""
+
+    def __init__(self, x_BD: torch.Tensor, D_eps: float):
+        B, D = x_BD.shape
+        self.rows, self.cols = x_BD.view(B, 1, D), x_BD.view(B, D, 1)
+        self.D_eps = x_BD.new_full((1, 1, 1), D_eps)
+        self.out = x_BD.new_empty(B, 1, 1)
+        self.out_B1 = self.out.view(B, 1)
+
+    def scale(self) -> torch.Tensor:
+        torch.baddbmm(self.D_eps, self.rows, self.cols, out=self.out)
+        return self.out_B1.rsqrt_()
+
+
+class EagerBlock:
+    """A HyenaBlock's weights in eager decode layout (a snapshot) and the buffers of its one-token step: 14 tensor
+    calls besides the long convolutions, into buffers made once (with their views)."""
+
+    def __init__(self, block: HyenaBlock, batch: int):
+        mixer, B = block.mixer, batch
+        D, N, K = mixer.out_proj.weight.shape[0], mixer.order, mixer.short_weight.shape[-1]
+        self.order, self.K = N, K
+        # in_proj's output channels are [d, p]; here [p, d], so that the value and each gate are (B, D) views.
+        perm = torch.arange((N + 1) * D, device=mixer.in_proj.weight.device).view(D, N + 1).T.reshape(-1)
+        in_w = fold_norm(block.mixer_norm, mixer.in_proj.weight)[:, perm]  # (D, C)
+        w_CK, in_b = mixer.short_weight.squeeze(1)[perm], mixer.in_proj.bias[perm]
+        # Ring slot j holds position t - ((r - j) mod K) at a step with t mod K = r; lag l takes w[K - 1 - l].
+        j = torch.arange(K, device=w_CK.device)
+        weight_rjC = w_CK[:, K - 1 - (j[:, None] - j[None, :]) % K].permute(1, 2, 0)  # [r, j, c]
+        self.in_w = (in_w[None, None] * weight_rjC[:, :, None]).flatten(1, 2).contiguous()  # (K, K D, C)
+        # The conv's zero padding before position 0 drops in_proj's bias there: one bias per t < K - 1, then all.
+        lags = torch.arange(K, device=w_CK.device)
+        self.in_b = torch.stack([mixer.short_bias[perm] + in_b * w_CK[:, K - 1 - lags[: t + 1]].sum(-1)
+                                 for t in range(K)])
+        self.out_w = torch.cat([mixer.out_proj.weight.T, mixer.out_proj.bias[None]]).contiguous()  # (D + 1, D)
+        # gelu(a) @ w2 = (a' + a' erf(a')) @ (w2 / sqrt 2) with a' = a / sqrt 2, folded into w1 and w2.
+        self.w1 = fold_norm(block.mlp_norm, block.mlp.w1.weight) * 0.5**0.5
+        self.w2 = block.mlp.w2.weight.T.contiguous() * 0.5**0.5
+        new = self.w2.new_zeros
+        self.ring = new(B, K, D)
+        """Normalized block inputs x * rms_scale(x), position tau at slot tau mod K; zeros before position 0."""
+        self.ring_flat, self.ring_slots = self.ring.view(B, K * D), self.ring.unbind(1)
+        self.u = new(B, N + 1, D)
+        self.u_flat, self.u_parts = self.u.view(B, -1), self.u.unbind(1)
+        self.v_ones = new(B, D + 1)
+        self.v_ones[:, D] = 1
+        self.v_last = self.v_ones[:, :D]
+        self.h, self.a, self.out = new(B, D), new(B, self.w1.shape[1]), new(B, D)
+        self.norm_in, self.norm_h = None, SquareNorm(self.h, D * block.mlp_norm.eps)
+        self.mixer_D_eps = D * block.mixer_norm.eps
+
+    def bind_input(self, x_BD: torch.Tensor) -> None:
+        """The buffer this block reads its input from (the previous block's `out`, or the embedding's)."""
+        self.x, self.norm_in = x_BD, SquareNorm(x_BD, self.mixer_D_eps)
+
+    def step(self, t: int, engine: OnlineConv, first_slot: int) -> None:
+        """Block output for position t into `self.out`; steps engine slots first_slot .. first_slot + order - 1."""
+        r = t % self.K
+        torch.mul(self.x, self.norm_in.scale(), out=self.ring_slots[r])
+        torch.addmm(self.in_b[min(t, self.K - 1)], self.ring_flat, self.in_w[r], out=self.u_flat)
+        v, *gates = self.u_parts
+        for n, gate in enumerate(gates):
+            z = engine.step(v, first_slot + n)
+            v = torch.mul(gate, z, out=self.v_last) if n == self.order - 1 else gate * z
+        torch.addmm(self.x, self.v_ones, self.out_w, out=self.h)
+        a = torch.mm(self.h, self.w1, out=self.a).mul_(self.norm_h.scale())
+        torch.addmm(self.h, torch.addcmul(a, a, torch.erf(a)), self.w2, out=self.out)
+
+    def prefill(self, block: HyenaBlock, x_BPD: torch.Tensor, engine: OnlineConv, first_slot: int) -> torch.Tensor:
+        P = x_BPD.shape[1]
+        for tau in range(max(P - self.K, 0), P):
+            x = x_BPD[:, tau]
+            self.ring_slots[tau % self.K].copy_(x * rms_scale(x, self.mixer_D_eps))
+        return block(x_BPD, long_conv=lambda v, n: engine.prefill(v, slot=first_slot + n))
+
+
+class ExitBlock:
+    """A HyenaBlock's weights in block_exit's layout (a snapshot) and its ring of in_proj outputs."""
 
     def __init__(self, block: HyenaBlock, batch: int):
         mixer = block.mixer
@@ -134,7 +211,6 @@ class DecodeBlock:
         """in_proj outputs of positions t - K .. t - 1 before step t, oldest first; zeros before position 0."""
 
     def prefill(self, block: HyenaBlock, x_BPD: torch.Tensor, engine: OnlineConv, first_slot: int) -> torch.Tensor:
-        """The block's parallel forward over a prompt, its long convolutions through the engine's exact prefill."""
         P, K, G = x_BPD.shape[1], self.K, self.G
         last = block.mixer.in_proj(block.mixer_norm(x_BPD[:, max(P - K, 0) :]))  # channels [d, p]
         self.ring[:, K - last.shape[1] :] = last.unflatten(-1, (-1, G)).transpose(-1, -2)
@@ -143,19 +219,66 @@ class DecodeBlock:
 
 class DecodeState:
     """What decoding carries from token to token: the long-convolution engine, the blocks' weights in decode layout
-    with their rings (a snapshot: build a new state after changing the model) and the position.
+    with their buffers (a snapshot: build a new state after changing the model) and the position."""
 
-    compiled: run block_exit as one AOTInductor call (see compiled_block_exit) rather than eagerly.
-    """
+    def __init__(self, model: HyenaLM, engine: OnlineConv, blocks: list):
+        self.model, self.engine, self.pos, self.blocks = model, engine, 0, blocks
 
-    def __init__(self, model: HyenaLM, engine: OnlineConv, batch: int, compiled: bool = False):
-        self.model, self.engine, self.pos = model, engine, 0
-        eps = {m.eps for m in model.modules() if isinstance(m, nn.RMSNorm)}
-        if len(eps) != 1:
-            raise ValueError(f"decoding folds every RMSNorm with one eps; this model has {sorted(eps)}")
+    @torch.no_grad()
+    def prefill(self, tokens_BP: torch.Tensor) -> torch.Tensor:
+        """Consumes a prompt (B, P) and returns its logits (B, P, vocab), equal to the parallel forward."""
+        if self.pos != 0:
+            raise ValueError("prefill must come first; build a new decode state for a new sequence")
+        h = self.model.tok_embeddings(tokens_BP)
+        for i, (block, decode) in enumerate(zip(self.model.layers.values(), self.blocks)):
+            # The block's parallel forward, its long convolutions through the engine's exact prefill; decode fills
+            # its ring from the last positions.
+            h = decode.prefill(block, h, self.engine, i * decode.order)
+        self.pos = tokens_BP.shape[1]
+        return self.model.output(self.model.norm(h))
+
+    def step(self, token_B: torch.Tensor) -> torch.Tensor:
+        """Consumes one token per sequence (B,) at position pos and returns the next-token logits (B, vocab)."""
+        raise NotImplementedError
+
+
+def norm_D_eps(model: HyenaLM) -> float:
+    """D x the eps that every RMSNorm of the model shares (decoding folds them all with one)."""
+    eps = {m.eps for m in model.modules() if isinstance(m, nn.RMSNorm)}
+    if len(eps) != 1:
+        raise ValueError(f"decoding folds every RMSNorm with one eps; this model has {sorted(eps)}")
+    return model.args.dim * eps.pop()
+
+
+class EagerDecodeState(DecodeState):
+    """Decoding with EagerBlocks: the fewest tensor calls, each into a buffer of its own."""
+
+    def __init__(self, model: HyenaLM, engine: OnlineConv, batch: int):
+        super().__init__(model, engine, [EagerBlock(block, batch) for block in model.layers.values()])
+        emb = model.tok_embeddings.weight
+        self.embedded = emb.new_zeros(batch, emb.shape[1])
+        x = self.embedded
+        for block in self.blocks:
+            block.bind_input(x)
+            x = block.out
+        self.head_w = fold_norm(model.norm, model.output.weight)
+        self.head_norm = SquareNorm(x, x.shape[1] * model.norm.eps)
+
+    @torch.inference_mode()  # cheaper per op than no_grad; the state's tensors are only ever updated in place
+    def step(self, token_B: torch.Tensor) -> torch.Tensor:
+        torch.index_select(self.model.tok_embeddings.weight, 0, token_B, out=self.embedded)
+        for i, block in enumerate(self.blocks):
+            block.step(self.pos, self.engine, i * block.order)
+        self.pos += 1
+        return torch.mm(self.blocks[-1].out, self.head_w).mul_(self.head_norm.scale())
+
+
+class CompiledDecodeState(DecodeState):
+    """Decoding with block_exit compiled by AOTInductor (see compiled_block_exit): one C++ call per block boundary."""
+
+    def __init__(self, model: HyenaLM, engine: OnlineConv, batch: int):
+        super().__init__(model, engine, [ExitBlock(block, batch) for block in model.layers.values()])
         D, V = model.args.dim, model.args.vocab_size
-        self.D_eps = D * eps.pop()
-        self.blocks = [DecodeBlock(block, batch) for block in model.layers.values()]
         first = self.blocks[0]
         self.zeros = first.ring.new_zeros(batch, D)
         self.identity = tuple(torch.zeros_like(w) for w in first.post)
@@ -168,29 +291,12 @@ class DecodeState:
         conv_w[-1] = 1
         self.head = (head_w, torch.zeros_like(head_w[0]), conv_w, torch.zeros_like(head_w[0]))
         self.head_ring = first.ring.new_zeros(batch, first.K, G, D)
-        self.exit = self._eager_exit
-        if compiled:
-            # Distinct example tensors: inputs that alias each other would be traced as one.
-            example = (*(self.zeros.clone() for _ in range(3)), first.ring, *first.post, *first.entry)
-            self.exit = compiled_block_exit(example, self.D_eps)
+        # Distinct example tensors: inputs that alias each other would be traced as one.
+        example = (*(self.zeros.clone() for _ in range(3)), first.ring, *first.post, *first.entry)
+        self.exit = compiled_block_exit(example, norm_D_eps(model))
 
-    def _eager_exit(self, *tensors):
-        return block_exit(*tensors, D_eps=self.D_eps)
-
-    @torch.no_grad()
-    def prefill(self, tokens_BP: torch.Tensor) -> torch.Tensor:
-        """Consumes a prompt (B, P) and returns its logits (B, P, vocab), equal to the parallel forward."""
-        if self.pos != 0:
-            raise ValueError("prefill must come first; build a new decode state for a new sequence")
-        h = self.model.tok_embeddings(tokens_BP)
-        for i, (block, decode) in enumerate(zip(self.model.layers.values(), self.blocks)):
-            h = decode.prefill(block, h, self.engine, i * decode.order)
-        self.pos = tokens_BP.shape[1]
-        return self.model.output(self.model.norm(h))
-
-    @torch.inference_mode()  # cheaper per op than no_grad; the state's tensors are never read by autograd
+    @torch.inference_mode()
     def step(self, token_B: torch.Tensor) -> torch.Tensor:
-        """Consumes one token per sequence (B,) at position pos and returns the next-token logits (B, vocab)."""
         x, z, gate = F.embedding(token_B, self.model.tok_embeddings.weight), self.zeros, self.zeros
         post, engine = self.identity, self.engine
         for i, block in enumerate(self.blocks):
@@ -209,6 +315,7 @@ class DecodeState:
 @torch.no_grad()
 def new_decode_state(model: HyenaLM, engine: str, batch: int, compiled: bool = False,
                      **flash_options) -> DecodeState:
-    """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines)."""
-    return DecodeState(model, build_engine(engine, model.inference_filters(), batch, **flash_options), batch,
-                       compiled)
+    """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines);
+    compiled: block_exit compiled by AOTInductor (built once per machine and shape) instead of EagerBlocks."""
+    engine = build_engine(engine, model.inference_filters(), batch, **flash_options)
+    return (CompiledDecodeState if compiled else EagerDecodeState)(model, engine, batch)
