@@ -55,3 +55,16 @@ def test_an_unwritable_out_folder_stops_the_bench_before_it_runs(tmp_path, capsy
     assert captured.err.strip().splitlines() == [f"error: --out {blocker / 'sub'} cannot be written ({blocker} is not "
                                                  "a writable folder); give another folder"]
     assert "lcsm.bench on" not in captured.out  # nothing was benchmarked
+
+
+def test_a_decode_step_that_cannot_be_compiled_names_the_eager_fallback(tmp_path, capsys, monkeypatch):
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Compiler: cc is not found.")
+
+    monkeypatch.setattr("torch._inductor.aoti_compile_and_package", no_compiler)
+    argv = ["--parts", "e2e", "--lengths", "32", "--methods", "lazy", "--channels", "4", "--layers", "1", "--batch",
+            "5", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: compiling the decode step failed (RuntimeError: Compiler: cc is not found.)")
+    assert err[-1].endswith("(compiled=False, or --decode eager)")
