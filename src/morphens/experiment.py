@@ -23,6 +23,9 @@ from titan.tools.cli import check_writable
 
 INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
 """Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
+TIME_PARTS = ("mother_s", "snapshots_s", "hatch_s", "members_s")
+"""MotherNets' wall time in parts (`time` in its record; each has a `_cpu_s` twin): the mothers' first training,
+their snapshot cycles, hatching, and the hatched (or lone) members' training."""
 
 
 def members_of(cfg: RunConfig, data: Dataset) -> list[Arch]:
@@ -60,18 +63,15 @@ def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torc
     return out
 
 
-def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
-    """Clusters the members and trains one mother per cluster on all ranks (with `mothernet.snapshots` > 1,
-    followed by warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and
-    trains every member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
-    mother and trains as it would independently. Times count training and hatching, not evaluation, as for
-    the independent members."""
+def train_mothers(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
+                  groups: list[list[int]]) -> tuple[dict, list[dict], dict]:
+    """One mother per cluster of more than one member, then its warm-restart cycles (`mothernet.snapshots`);
+    returns (member index -> the snapshot it hatches from, the mothers' records, their cost and time: flops,
+    param_epochs, and wall / CPU seconds of the first training and of the snapshot cycles)."""
     m, t = cfg.mothernet, cfg.training
-    flops = seconds = cpu_seconds = param_epochs = 0.0
-    calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
-    groups = cluster(members, m.clusters_for(len(members)))
     mcfg = replace(cfg, training=replace(t, batch_size=m.batch_size or t.batch_size))
     mother_lr = t.lr * m.lr_factor
+    cost = dict.fromkeys(("flops", "param_epochs", "mother_s", "mother_cpu_s", "snapshots_s", "snapshots_cpu_s"), 0.0)
     mothers: list[dict] = []
     trained = {}
     for c, idx in enumerate(groups):
@@ -85,17 +85,35 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
             runs.append(fit(runs[-1].net, data, mcfg, m.snapshot_epochs, mother_lr,
                             derived_seed(t.seed, SNAPSHOT, c, s), f"mother-{c}-of-{len(members)}-snapshot-{s}"))
         trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
-        flops += sum(r.flops for r in runs)
-        seconds, cpu_seconds = seconds + sum(r.seconds for r in runs), cpu_seconds + sum(r.cpu_seconds for r in runs)
-        param_epochs += num_params(arch) * (m.mother_epochs + (len(runs) - 1) * m.snapshot_epochs)
+        cost["flops"] += sum(r.flops for r in runs)
+        cost["param_epochs"] += num_params(arch) * (m.mother_epochs + (len(runs) - 1) * m.snapshot_epochs)
+        cost["mother_s"] += runs[0].seconds
+        cost["mother_cpu_s"] += runs[0].cpu_seconds
+        cost["snapshots_s"] += sum(r.seconds for r in runs[1:])
+        cost["snapshots_cpu_s"] += sum(r.cpu_seconds for r in runs[1:])
         accs = [accuracy(predict(r.net, data, cfg.data.test_limit), labels) for r in runs]
         mothers[-1]["acc"], mothers[-1]["snapshot_acc"] = accs[-1], accs
         log(f"  mother {c} {describe(arch)} for members {idx}: acc " + ", ".join(f"{a:.2f}%" for a in accs))
+    return trained, mothers, cost
+
+
+def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
+    """Clusters the members and trains one mother per cluster on all ranks (with `mothernet.snapshots` > 1,
+    followed by warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and
+    trains every member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
+    mother and trains as it would independently. Times count training and hatching, not evaluation, as for
+    the independent members; `time` splits them into the mothers' first training, their snapshot cycles, hatching
+    and the members' training (wall and CPU seconds)."""
+    m, t = cfg.mothernet, cfg.training
+    calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
+    groups = cluster(members, m.clusters_for(len(members)))
+    trained, mothers, cost = train_mothers(cfg, data, members, labels, groups)
     mine = {}
     for i in my_members(cfg, len(members)):
         if i not in trained:
             mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
                              num_params(members[i]) * t.epochs)
+            mine[i]["hatch_s"] = mine[i]["hatch_cpu_s"] = 0.0
             continue
         start, cpu_start = time.perf_counter(), time.process_time()
         child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
@@ -103,19 +121,24 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
                   f"hatched-{i}-of-{len(members)}", spreading(cfg))
         mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
-        mine[i]["seconds"] += hatch_s
-        mine[i]["cpu_seconds"] += hatch_cpu_s
+        mine[i].update(hatch_s=hatch_s, hatch_cpu_s=hatch_cpu_s)
     out = gathered(cfg, mine)
     for i, r in enumerate(out):
         log(f"    {'hatched' if i in trained else 'alone'} {i}: {describe(members[i])} acc {r['acc']:.2f}%")
     for mother in mothers:
         mother.setdefault("acc", out[mother["members"][0]]["acc"])
     total = lambda key: sum(r[key] for r in out)
-    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": seconds + total("seconds"),
-            "cpu_s": cpu_seconds + total("cpu_seconds"), "member_acc": [r["acc"] for r in out],
-            "ensemble_acc": ensemble_accuracy([r["probs"] for r in out], labels), "train_cost": flops + total("flops"),
-            "param_epochs": param_epochs + total("param_epochs"), "clusters": len(groups),
-            "mothers": mothers}
+    split = {"mother_s": cost["mother_s"], "snapshots_s": cost["snapshots_s"], "hatch_s": total("hatch_s"),
+             "members_s": total("seconds"), "mother_cpu_s": cost["mother_cpu_s"],
+             "snapshots_cpu_s": cost["snapshots_cpu_s"], "hatch_cpu_s": total("hatch_cpu_s"),
+             "members_cpu_s": total("cpu_seconds")}
+    log("  time (wall / CPU s): " + ", ".join(f"{k[:-2]} {split[k]:.1f} / {split[k[:-2] + '_cpu_s']:.1f}"
+                                             for k in TIME_PARTS))
+    return {"method": "mothernets", "ensemble_size": len(members), "wall_s": sum(split[k] for k in TIME_PARTS),
+            "cpu_s": sum(split[k.replace("_s", "_cpu_s")] for k in TIME_PARTS), "member_acc": [r["acc"] for r in out],
+            "ensemble_acc": ensemble_accuracy([r["probs"] for r in out], labels),
+            "train_cost": cost["flops"] + total("flops"), "param_epochs": cost["param_epochs"] + total("param_epochs"),
+            "clusters": len(groups), "mothers": mothers, "time": split}
 
 
 def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:

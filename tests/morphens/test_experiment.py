@@ -114,18 +114,28 @@ def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
 
 
 def test_mothers_train_with_their_own_batch_size_and_lr(monkeypatch, tmp_path):
-    """mothernet.batch_size 128 and lr_factor 2: mother and snapshot at batch 128 and 2x lr; members as before."""
+    """mothernet.batch_size 128 and lr_factor 2: mother and snapshot at batch 128 and 2x lr; members as before.
+    The record's `time` holds the wall and CPU seconds of each part, and wall_s / cpu_s are their sums."""
     cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "mothernet.mother_epochs": "0.1",
                                                       "mothernet.snapshots": "2", "mothernet.snapshot_epochs": "0.1",
                                                       "mothernet.batch_size": "128", "mothernet.lr_factor": "2"})
-    seen = {}
+    seen, fits = {}, {}
     real_fit = experiment.fit
 
     def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
         seen[name.split("-")[0] + ("-snapshot" if "snapshot" in name else "")] = (run_cfg.training.batch_size, lr)
-        return real_fit(net, data, run_cfg, epochs, lr, seed, name, solo)
+        fits[name] = real_fit(net, data, run_cfg, epochs, lr, seed, name, solo)
+        return fits[name]
 
     monkeypatch.setattr(experiment, "fit", spy)
-    mothernets(cfg, data, members, eval_labels(data))
+    out = mothernets(cfg, data, members, eval_labels(data))
     lr = cfg.training.lr
     assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (64, lr * 1.0)}
+    split = out["time"]
+    assert split["mother_s"] == fits["mother-0-of-2"].seconds
+    assert split["snapshots_cpu_s"] == fits["mother-0-of-2-snapshot-1"].cpu_seconds
+    assert split["members_s"] == pytest.approx(sum(f.seconds for n, f in fits.items() if n.startswith("hatched")))
+    assert split["hatch_s"] > 0 and split["hatch_cpu_s"] > 0
+    assert out["wall_s"] == pytest.approx(sum(split[k] for k in experiment.TIME_PARTS))
+    assert out["cpu_s"] == pytest.approx(sum(split[k.replace("_s", "_cpu_s")] for k in experiment.TIME_PARTS))
+
