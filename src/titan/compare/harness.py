@@ -179,7 +179,7 @@ def summarize(name: str, overrides: dict[str, str], runs: list[dict[str, Any]], 
     last = [r["records"][-1] for r in runs]
     # Seconds per measured step from the runs' elapsed_s (every step is logged), a clock of its own beside tps.
     step_s = [b["elapsed_s"] - a["elapsed_s"] for r in runs for a, b in zip(r["records"], r["records"][1:])
-              if b["step"] > warmup and b["step"] == a["step"] + 1]
+              if b["step"] > warmup and b["step"] == a["step"] + 1 and "elapsed_s" in a and "elapsed_s" in b]
     return {
         **row,
         "ok": True,
