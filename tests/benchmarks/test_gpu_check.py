@@ -87,16 +87,25 @@ def test_morphens_compares_eight_mothernet_members_with_eight_independent(dry_ru
     assert mother["cost_ratio"] == pytest.approx(independent["train_cost"] / mother["train_cost"])
 
 
+def numerics_counts() -> str:
+    """What the 4 numerics tests give on this torch: all pass, or (torch 2.11) the rowwise _scaled_mm one skips."""
+    from titan.quantization.float8 import cpu_scaled_mm_supported
+
+    return "4 passed" if cpu_scaled_mm_supported("rowwise") else "3 passed, 1 skipped"
+
+
 def test_numerics_tests_ran_on_the_cpu_and_passed(dry_run):
     text = (dry_run / "tests.txt").read_text()
-    assert text.startswith("exit 0") and "4 passed" in text and "failed" not in text
+    assert text.startswith("exit 0") and numerics_counts() in text and "failed" not in text
+    if "skipped" in text:
+        assert "per-tensor scales only" in text  # the one skip says why
 
 
 def test_summary_has_a_row_per_recipe_length_and_method(dry_run):
     summary = (dry_run / "summary.md").read_text()
     for recipe in RECIPES:
         assert f"| {recipe} |" in summary
-    assert "| mixer | 128 |" in summary and "| e2e | 64 |" in summary and "4 passed" in summary
+    assert "| mixer | 128 |" in summary and "| e2e | 64 |" in summary and numerics_counts() in summary
 
 
 def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
