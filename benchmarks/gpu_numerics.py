@@ -19,7 +19,7 @@ from torch import nn
 from titan.config.job_config import Compile
 from titan.distributed.compile import apply_compile
 from titan.models.llama3.model import ModelArgs, Transformer
-from titan.quantization.float8 import Float8Linear, scaled_mm_supported
+from titan.quantization.float8 import CPU_ROWWISE_MISSING, Float8Linear, cpu_scaled_mm_supported, scaled_mm_supported
 
 DEVICE = torch.device(os.environ.get("TITAN_TEST_DEVICE", "cpu"))
 
@@ -36,6 +36,8 @@ def test_the_device_is_the_one_asked_for():
 def test_float8_linear_hardware_path_matches_emulation_and_bf16(recipe):
     if DEVICE.type == "cuda" and not scaled_mm_supported(DEVICE, recipe):
         pytest.skip(f"{torch.cuda.get_device_name(DEVICE)} has no float8 _scaled_mm for {recipe}")
+    if DEVICE.type == "cpu" and not cpu_scaled_mm_supported(recipe):
+        pytest.skip(CPU_ROWWISE_MISSING)
     torch.manual_seed(0)
     linear = nn.Linear(256, 512, bias=False, device=DEVICE)
     x = torch.randn(8, 64, 256, device=DEVICE)

@@ -123,6 +123,8 @@ def main() -> None:
     median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
     sync, asyn, fresh, none = median["disabled"], median["async"], median["async_fresh"], median["none"]
     result.update({
+        "steps": args.steps,
+        "interval": args.interval,
         "saves_per_run": sync["saves"],
         "full_save_s": sync["blocked_per_save_s"],  # a sync save blocks for all of it
         "blocked_per_save_s_async": asyn["blocked_per_save_s"],

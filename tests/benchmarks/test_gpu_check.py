@@ -3,6 +3,7 @@ the figures they promise, so the script works the day a GPU is there."""
 
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,14 +38,24 @@ def test_titan_table_has_every_recipe_with_consistent_figures(dry_run):
     peak = titan["measured_peak_tflops"]
     assert peak == max(titan["matmul_peak_tflops"].values()) > 0
     base = rows["baseline"]["final_loss"]
+    args = titan["base_overrides"]
+    tokens_per_step = int(args[args.index("--training.local_batch_size") + 1]) * int(
+        args[args.index("--training.seq_len") + 1])
     for r in rows.values():
-        assert r["tps"] > 0 and r["memory_gib"] > 0
+        # tps (the trainer's throughput window) against the tokens of a step over its time on the elapsed_s clock:
+        # the same step measured twice, independently.
+        assert r["tps"] == pytest.approx(tokens_per_step / r["step_s"], rel=0.05), r
+        assert 0 < r["memory_gib"] < 64
         assert r["mfu_of_measured_peak"] == pytest.approx(100 * r["tflops"] / peak)
         # Same model, data and seed: compile and AC change no loss; float8 moves it by its rounding only.
         assert r["final_loss"] == pytest.approx(base, abs=0.02 if "float8" in r["recipe"] else 1e-4)
     checkpoint = titan["checkpoint"]
-    assert checkpoint["exit_code"] == 0 and checkpoint["saves_per_run"] >= 1
-    assert 0 < checkpoint["blocked_per_save_s_async"] and 0 < checkpoint["full_save_s"]
+    assert checkpoint["exit_code"] == 0
+    saves = checkpoint["saves_per_run"]
+    assert saves == math.ceil(checkpoint["steps"] / checkpoint["interval"]) >= 2
+    # The time a save blocks the loop is part of its run's wall time (sync and async runs alike).
+    assert 0 < checkpoint["full_save_s"] * saves <= checkpoint["step_s_sync"] * checkpoint["steps"]
+    assert 0 < checkpoint["blocked_per_save_s_async"] * saves <= checkpoint["step_s_async"] * checkpoint["steps"]
 
 
 def test_trace_and_memory_record_are_the_profiled_step(dry_run):
@@ -76,20 +87,31 @@ def test_morphens_compares_eight_mothernet_members_with_eight_independent(dry_ru
     assert mother["cost_ratio"] == pytest.approx(independent["train_cost"] / mother["train_cost"])
 
 
+def numerics_counts() -> str:
+    """What the 4 numerics tests give on this torch: all pass, or (torch 2.11) the rowwise _scaled_mm one skips."""
+    from titan.quantization.float8 import cpu_scaled_mm_supported
+
+    return "4 passed" if cpu_scaled_mm_supported("rowwise") else "3 passed, 1 skipped"
+
+
 def test_numerics_tests_ran_on_the_cpu_and_passed(dry_run):
     text = (dry_run / "tests.txt").read_text()
-    assert text.startswith("exit 0") and "4 passed" in text and "failed" not in text
+    assert text.startswith("exit 0") and numerics_counts() in text and "failed" not in text
+    if "skipped" in text:
+        assert "per-tensor scales only" in text  # the one skip says why
 
 
 def test_summary_has_a_row_per_recipe_length_and_method(dry_run):
     summary = (dry_run / "summary.md").read_text()
     for recipe in RECIPES:
         assert f"| {recipe} |" in summary
-    assert "| mixer | 128 |" in summary and "| e2e | 64 |" in summary and "4 passed" in summary
+    assert "| mixer | 128 |" in summary and "| e2e | 64 |" in summary and numerics_counts() in summary
 
 
 def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
-    if subprocess.run([sys.executable, "-c", "import torch; assert not torch.cuda.is_available()"]).returncode:
+    import torch  # already loaded by the suite: no process of its own just to ask
+
+    if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     proc = subprocess.run([str(ROOT / "benchmarks/gpu_check.sh"), str(tmp_path / "out")], capture_output=True,
                           text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300)

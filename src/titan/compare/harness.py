@@ -177,11 +177,15 @@ def summarize(name: str, overrides: dict[str, str], runs: list[dict[str, Any]], 
         return {**row, "ok": False, "error": failed[0]["error"]}
     kept = [rec for r in runs for rec in r["records"] if rec["step"] > warmup]
     last = [r["records"][-1] for r in runs]
+    # Seconds per measured step from the runs' elapsed_s (every step is logged), a clock of its own beside tps.
+    step_s = [b["elapsed_s"] - a["elapsed_s"] for r in runs for a, b in zip(r["records"], r["records"][1:])
+              if b["step"] > warmup and b["step"] == a["step"] + 1 and "elapsed_s" in a and "elapsed_s" in b]
     return {
         **row,
         "ok": True,
         "tps": _median([rec["tps"] for rec in kept]),
         "tps_per_round": [_median([rec["tps"] for rec in r["records"] if rec["step"] > warmup]) for r in runs],
+        "step_s": _median(step_s),
         "mfu": _median([rec.get("mfu") for rec in kept]),
         "tflops": _median([rec.get("tflops") for rec in kept]),
         "memory_gib": max(rec["memory_gib"] for r in runs for rec in r["records"]),

@@ -96,17 +96,24 @@ def test_nan_loss_can_skip_the_update(tmp_path):
     assert got[1]["loss"] != got[1]["loss"]  # NaN: logged, never applied
 
 
-def test_async_save_gives_the_same_run_and_complete_checkpoints(tmp_path):
-    sync, asyn = tmp_path / "sync", tmp_path / "async"
-    run_train([*CKPT, "--training.steps", "3", "--job.dump_folder", str(sync)], nproc=2)
-    run_train([*CKPT, "--training.steps", "3", "--checkpoint.async_mode", "async",
+@pytest.fixture(scope="module")
+def two_ranks_sync(module_tmp_path):
+    """The reference of the async and the elastic tests: 2 ranks, 4 steps, a sync checkpoint after each."""
+    folder = module_tmp_path / "two_ranks_sync"
+    run_train([*CKPT, "--training.steps", "4", "--job.dump_folder", str(folder)], nproc=2)
+    return folder
+
+
+def test_async_save_gives_the_same_run_and_complete_checkpoints(tmp_path, two_ranks_sync):
+    asyn = tmp_path / "async"
+    run_train([*CKPT, "--training.steps", "4", "--checkpoint.async_mode", "async",
                "--job.dump_folder", str(asyn)], nproc=2)
-    assert losses(asyn) == losses(sync)
-    assert sorted(p.name for p in (asyn / "checkpoint").iterdir()) == ["step-1", "step-2", "step-3"]
+    assert losses(asyn) == losses(two_ranks_sync)
+    assert sorted(p.name for p in (asyn / "checkpoint").iterdir()) == ["step-1", "step-2", "step-3", "step-4"]
     resumed = tmp_path / "resumed"
     shutil.copytree(asyn / "checkpoint" / "step-2", resumed / "checkpoint" / "step-2")
-    run_train([*CKPT, "--training.steps", "3", "--training.global_batch_size", "4", "--job.dump_folder", str(resumed)])
-    assert losses(resumed) == pytest.approx(losses(sync)[2:], rel=1e-5)
+    run_train([*CKPT, "--training.steps", "4", "--training.global_batch_size", "4", "--job.dump_folder", str(resumed)])
+    assert losses(resumed) == pytest.approx(losses(two_ranks_sync)[2:], rel=1e-5)
 
 
 def test_seed_checkpoint_starts_every_layout_from_the_same_weights(tmp_path):
@@ -148,13 +155,11 @@ def elastic_run(args, folder, fault):
     return proc, [by_step[step] for step in sorted(by_step)]
 
 
-def test_elastic_restart_after_a_killed_rank_finishes_the_run(tmp_path):
-    args = [*CKPT, "--training.steps", "4"]
-    run_train([*args, "--job.dump_folder", str(tmp_path / "ref")], nproc=2)
-    proc, got = elastic_run(args, tmp_path / "elastic", "1:3:step")
+def test_elastic_restart_after_a_killed_rank_finishes_the_run(tmp_path, two_ranks_sync):
+    proc, got = elastic_run([*CKPT, "--training.steps", "4"], tmp_path / "elastic", "1:3:step")
     assert "fault injection: SIGKILL of rank 1 before step 3" in proc.stdout + proc.stderr
     assert [r["step"] for r in read_metrics(tmp_path / "elastic")] == [1, 2, 3, 4]
-    assert got == losses(tmp_path / "ref")  # bit-identical: the resume restores every state exactly
+    assert got == losses(two_ranks_sync)  # bit-identical: the resume restores every state exactly
 
 
 def draw_trials(n=5, steps=6, interval=2, rng_seed=2026):
