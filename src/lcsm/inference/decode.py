@@ -25,7 +25,6 @@ import hashlib
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
