@@ -21,6 +21,7 @@ The weights are rearranged once per decode state:
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 import sys
@@ -33,6 +34,7 @@ from torch import nn
 from lcsm.inference import autotune
 from lcsm.inference.engines import OnlineConv, build_engine
 from lcsm.model.hyena import HyenaBlock, HyenaLM
+from titan.tools.cli import UserError
 
 
 def rms_scale(x_BD: torch.Tensor, D_eps: float) -> torch.Tensor:
@@ -70,14 +72,14 @@ class BlockExit(nn.Module):
         return block_exit(*tensors, D_eps=self.D_eps)
 
 
-class CompileError(RuntimeError):
-    """The compiled decode step could not be built (most often: no C++ compiler)."""
+class CompileError(UserError):
+    """The compiled decode step could not be built (most often: no C++ compiler); the CLIs print it as one line."""
 
 
 def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
     """block_exit compiled by AOTInductor for the example's shapes (G, the in_proj groups, left free): built once
-    per machine, torch version, dtype and shape, then loaded from $LCSM_CACHE_DIR/decode (a minute to build on a
-    CPU). Returns a function of the same tensors, returning a list of the three outputs."""
+    per machine, torch version, dtype and shape, then loaded from $LCSM_CACHE_DIR/decode (23-48 s to build on 2
+    CPU cores). Returns a function of the same tensors, returning a list of the three outputs."""
     if not all(t.is_contiguous() for t in example):
         raise ValueError("the example tensors must be contiguous: the compiled code assumes their strides")
     shapes = " ".join("x".join(map(str, t.shape)) for t in example[:8])
@@ -87,15 +89,16 @@ def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
         print(f"lcsm: compiling the decode step ({shapes.split()[0]} {str(example[0].dtype)[6:]}, "
               f"{example[0].device.type}) once for this machine into {path} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")  # aoti wants the suffix
         G = torch.export.Dim("G", min=2)
         dynamic = ((None,) * 3 + ({2: G},) + (None,) * 4 + ({1: G}, {0: G}, {1: G}, {0: G}),)
         try:
             program = torch.export.export(BlockExit(D_eps), example, dynamic_shapes=dynamic)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")  # aoti wants the suffix
             torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
             tmp.replace(path)  # atomic: a concurrent process loads the old package or the new one
         except Exception as e:
+            tmp.unlink(missing_ok=True)
             raise CompileError(f"compiling the decode step failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
                                "AOTInductor needs a C++ compiler on the CPU. Decode eagerly instead "
                                "(compiled=False, or --decode eager)") from e
@@ -216,7 +219,7 @@ class ExitBlock:
         return block(x_BPD, long_conv=lambda v, n: engine.prefill(v, slot=first_slot + n))
 
 
-class DecodeState:
+class DecodeState(abc.ABC):
     """What decoding carries from token to token: the long-convolution engine, the blocks' weights in decode layout
     with their buffers (a snapshot: build a new state after changing the model) and the position."""
 
@@ -236,9 +239,9 @@ class DecodeState:
         self.pos = tokens_BP.shape[1]
         return self.model.output(self.model.norm(h))
 
+    @abc.abstractmethod
     def step(self, token_B: torch.Tensor) -> torch.Tensor:
         """Consumes one token per sequence (B,) at position pos and returns the next-token logits (B, vocab)."""
-        raise NotImplementedError
 
 
 def norm_D_eps(model: HyenaLM) -> float:
