@@ -31,11 +31,17 @@ QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flas
 E2E_METHODS = ["lazy", "eager", "flash", "flash_batched", "flash_unbatched"]
 
 
-def method_options(method: str) -> tuple[str, dict]:
+def method_options(method: str, block: int | None = None) -> tuple[str, dict]:
     """'flash' is flash with the hybrid tau, its tiles batched over slots where that is faster (timed once);
-    'flash_batched' / 'flash_unbatched' always / never batch them; 'flash_<tau>' picks the tau."""
+    'flash_batched' / 'flash_unbatched' always / never batch them; 'flash_<tau>' picks the tau. A block, if given,
+    is every flash method's base block size."""
     if method in ("lazy", "eager", "recompute"):
         return method, {}
+    name, options = _flash_options(method)
+    return name, {**options, "block": block} if block else options
+
+
+def _flash_options(method: str) -> tuple[str, dict]:
     if method == "flash":
         return "flash", {"tau": "hybrid"}
     if method in ("flash_batched", "flash_unbatched"):
@@ -59,11 +65,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budget: float, seed: int = 0) -> dict | None:
+def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budget: float, seed: int = 0,
+                block: int | None = None) -> dict | None:
     gen = torch.Generator().manual_seed(seed)
     rho = (torch.randn(1, D, L, generator=gen) * torch.exp(-torch.arange(L) / (L / 4))).to(device)
     y_LBD = torch.randn(L, B, D, generator=gen).to(device)
-    name, options = method_options(method)
+    name, options = method_options(method, block)
     if name == "flash":  # fill the autotune caches outside the timing
         _run_mixer(build_engine(name, rho, B, **options), y_LBD, device, budget)
     wall_start = time.perf_counter()
@@ -75,11 +82,15 @@ def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budge
     wall_s = time.perf_counter() - wall_start
     ref = fft_causal_conv(y_LBD.permute(1, 2, 0).double(), rho[0].double()).permute(2, 0, 1)
     err = (z_LBD.double() - ref).abs().max().item()
-    return dict(mixer_s=seconds, total_s=seconds, wall_s=wall_s, max_abs_err=err, layers=1, tiles=_tiles(engine))
+    return dict(mixer_s=seconds, total_s=seconds, wall_s=wall_s, max_abs_err=err, layers=1, **_flash_plan(engine))
 
 
-def _tiles(engine) -> dict | None:
-    return {str(U): how for U, how in engine.describe().items()} if engine.name == "flash" else None
+def _flash_plan(engine) -> dict:
+    """How flash ran: per tile size its tau and batching, its block, and whether its steps ran in C."""
+    if engine.name != "flash":
+        return dict(tiles=None)
+    return dict(tiles={str(U): how for U, how in engine.describe().items()}, block=engine.block,
+                step="C" if engine.c_step else "tensor ops")
 
 
 def _run_mixer(engine, y_LBD: torch.Tensor, device: torch.device, budget: float) -> tuple[torch.Tensor, float] | None:
@@ -101,7 +112,7 @@ def e2e_args(L: int, D: int, layers: int) -> HyenaArgs:
 
 
 def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.device, budget: float,
-              cache: dict, compiled: bool = False) -> dict | None:
+              cache: dict, compiled: bool = False, block: int | None = None) -> dict | None:
     key = (L, D, B, layers)
     if key not in cache:  # one model, token stream and parallel reference per shape, shared by all methods
         torch.manual_seed(0)
@@ -113,7 +124,7 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         cache.clear()
         cache[key] = (model, tokens, last_logits)
     model, tokens, ref = cache[key]
-    name, options = method_options(method)
+    name, options = method_options(method, block)
     if name == "flash":  # fill the autotune caches outside the timing, with the engine alone
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
@@ -150,7 +161,7 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
     total_s, wall_s = now() - start, time.perf_counter() - wall_start
     return dict(mixer_s=total_s * mixer_s[0] / wall_s, total_s=total_s, decode="compiled" if compiled else "eager",
                 wall_s=wall_s,
-                max_abs_err=(logits - ref).abs().max().item(), layers=layers, tiles=_tiles(state.engine))
+                max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_flash_plan(state.engine))
 
 
 def _run_mixer_slots(engine, y_LBD: torch.Tensor) -> None:
@@ -180,6 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode", choices=["compiled", "eager"], help="e2e: the decode step outside the long "
                    "convolutions, the same for every method: compiled by AOTInductor (the default; built once per "
                    "machine and shape, about 30 s, needs a C++ compiler on the CPU) or eager (quick's default)")
+    p.add_argument("--block", type=int, help="flash: the base block, below which a step sums its block itself "
+                   "(a power of two; default 64 with the C step, 16 with tensor ops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
 
@@ -195,6 +208,8 @@ def check_args(args: argparse.Namespace, lengths: list[int], methods: list[str],
             errors.append(f"{e}; choose from {' '.join(all_methods(device))}")
     if set(args.parts) - {"mixer", "e2e"}:
         errors.append(f"--parts must be mixer and/or e2e, got {' '.join(args.parts)}")
+    if args.block is not None and (args.block < 1 or args.block & (args.block - 1)):
+        errors.append(f"--block must be a power of two >= 1, got {args.block}")
     if min(args.channels, *args.batch, args.layers, args.threads) < 1:
         errors.append("--channels, --batch, --layers and --threads must be >= 1")
     if "flash_triton" in methods and not triton_available(device):
@@ -212,10 +227,10 @@ def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, de
             limit = budget if method in QUADRATIC else float("inf")
             try:
                 if part == "mixer":
-                    rec = bench_mixer(method, L, args.channels, B, device, limit)
+                    rec = bench_mixer(method, L, args.channels, B, device, limit, block=args.block)
                 else:
                     rec = bench_e2e(method, L, args.channels, B, args.layers, device, limit, e2e_cache,
-                                    compiled=args.decode == "compiled")
+                                    compiled=args.decode == "compiled", block=args.block)
             except MemoryError as e:
                 print(f"  {part} {method}: skipped from L={L} ({e})")
                 over.add(method)

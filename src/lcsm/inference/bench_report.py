@@ -71,8 +71,9 @@ def print_table(records: list[dict]) -> None:
 
 
 def print_tiles(records: list[dict]) -> None:
-    """flash's tile plan per run: the tau per tile size (hybrid's timed choice) and the slot batching."""
+    """flash's plan per run: its block and step, the tau per tile size (hybrid's timed choice), the slot batching."""
     for r in records:
-        if r["method"] == "flash" and r.get("tiles"):
-            plan = ", ".join(f"{U}: {how}" for U, how in r["tiles"].items())
-            print(f"  tiles of {r['part']} {r['method']} B={r['batch']} L={r['seq_len']}: {plan}")
+        if r["method"] == "flash" and r.get("tiles") is not None:
+            plan = ", ".join(f"{U}: {how}" for U, how in r["tiles"].items()) or "none"
+            print(f"  tiles of {r['part']} {r['method']} B={r['batch']} L={r['seq_len']} (block {r.get('block')}, "
+                  f"step: {r.get('step')}): {plan}")

@@ -3,13 +3,14 @@ import json
 import matplotlib.image
 import pytest
 
+from lcsm.inference import native
 from lcsm.inference.bench import main
 
 
 def test_bench_writes_records_and_plot(tmp_path, capsys):
     argv = ["--lengths", "32", "64", "--methods", "lazy", "eager", "recompute", "flash", "flash_batched",
             "flash_unbatched", "flash_fft", "--channels", "4", "--layers", "2", "--e2e-max-len", "32", "--batch", "1",
-            "3", "--decode", "eager", "--out", str(tmp_path)]
+            "3", "--decode", "eager", "--block", "16", "--out", str(tmp_path)]
     assert main(argv) == 0
     records = json.loads((tmp_path / "results.json").read_text())
     png = matplotlib.image.imread(tmp_path / "results.png")
@@ -25,6 +26,7 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
     assert all(0 < r["mixer_s"] < r["total_s"] for r in e2e)
     flash = [r for r in records if r["method"] == "flash"]
     assert all(list(r["tiles"]) == (["16"] if r["seq_len"] == 32 else ["16", "32"]) for r in flash)
+    assert all(r["block"] == 16 and r["step"] == ("C" if native.compiler() else "tensor ops") for r in flash)
     out = capsys.readouterr().out
     lazy, fast = (next(r for r in e2e if r["method"] == m and r["batch"] == 3) for m in ("lazy", "flash"))
     assert f"e2e L=32 B=3: flash {lazy['total_s'] / fast['total_s']:.1f}x faster than lazy" in out
@@ -32,13 +34,14 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
                           for m in ("flash_batched", "flash_unbatched"))
     assert (f"e2e L=32 B=3: tiles batched over slots {unbatched['mixer_s'] / batched['mixer_s']:.2f}x faster "
             "(mixer time) than per-slot tiles") in out
-    assert "tiles of e2e flash B=3 L=32: 16: " in out
+    assert "tiles of e2e flash B=3 L=32 (block 16, step: C): 16: " in out
 
 
 @pytest.mark.parametrize("argv,message", [(["--methods", "quick"], "unknown method 'quick'"),
                                           (["--lengths", "1"], "--lengths must be >= 2"),
                                           (["--parts", "all"], "--parts must be mixer and/or e2e"),
                                           (["--threads", "0"], ">= 1"),
+                                          (["--block", "48"], "--block must be a power of two >= 1, got 48"),
                                           (["--device", "gpu"], "--device 'gpu' is not a torch device")])
 def test_bench_user_mistakes_exit_2(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path)]) == 2

@@ -13,7 +13,10 @@ CONFIGS = [
     ("flash", {"tau": "conv1d", "block": 4, "batch_layers": False}),
     ("flash", {"tau": "hybrid"}),
     ("flash", {"tau": "fft", "block": 8, "batch_layers": True}),
+    ("flash", {"tau": "fft", "block": 4, "native_step": False}),
+    ("flash", {"tau": "hybrid", "native_step": False}),
 ]
+"""Flash steps in C where this machine can build it (lcsm.inference.native), and as tensor ops."""
 
 
 def run(engine, y_GBDL, P):

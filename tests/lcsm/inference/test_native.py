@@ -1,0 +1,79 @@
+import logging
+import subprocess
+
+import pytest
+import torch
+
+from lcsm.inference import native
+from lcsm.inference.engines import build_engine
+from lcsm.model.fftconv import fft_causal_conv
+from tests.lcsm.inference.test_engines import run
+
+
+@pytest.fixture
+def fresh_library(tmp_path, monkeypatch):
+    """A cache folder of its own and no library loaded yet, so that the next engine builds (or fails to build) it."""
+    monkeypatch.setenv("LCSM_CACHE_DIR", str(tmp_path))
+    native.library.cache_clear()
+    yield tmp_path
+    native.library.cache_clear()
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("block, P", [(1, 0), (8, 0), (8, 13), (64, 1), (16, 100)])
+def test_c_step_equals_the_tensor_ops_and_the_convolution(dtype, atol, block, P):
+    gen = torch.Generator().manual_seed(block + P)
+    G, B, D, L = 3, 2, 5, 150
+    rho = torch.randn(G, D, L, generator=gen).to(dtype)
+    y = torch.randn(G, B, D, L, generator=gen).to(dtype)
+    in_c = build_engine("flash", rho, B, tau="fft", block=block, native_step=True)
+    as_tensor_ops = build_engine("flash", rho, B, tau="fft", block=block, native_step=False)
+    assert in_c.c_step is not None and as_tensor_ops.c_step is None
+    z = run(in_c, y, P)
+    torch.testing.assert_close(z, run(as_tensor_ops, y, P), rtol=0, atol=atol)
+    torch.testing.assert_close(z.double(), fft_causal_conv(y.double(), rho[:, None].double()), rtol=0, atol=10 * atol)
+
+
+def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors():
+    rho, y_LDB = torch.randn(1, 4, 40), torch.randn(40, 4, 3)  # y_LDB[t].T is a (3, 4) view with strides (1, 3)
+    engine = build_engine("flash", rho, 3, tau="fft", block=8, native_step=True)
+    outputs = [engine.step(y_LDB[t].T) for t in range(40)]
+    assert len({z.data_ptr() for z in outputs}) == 40
+    torch.testing.assert_close(torch.stack(outputs, -1), fft_causal_conv(y_LDB.permute(2, 1, 0), rho[0]),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_library_is_built_once_into_the_cache_folder(fresh_library):
+    build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
+    (built,) = (fresh_library / "native").glob("flash_step-*.so")
+    native.library.cache_clear()
+    stamp = built.stat().st_mtime_ns
+    build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
+    assert built.stat().st_mtime_ns == stamp and not list((fresh_library / "native").glob("*.tmp.so"))
+
+
+@pytest.mark.parametrize("cc", [None, "/bin/false"], ids=["no_compiler", "failing_compiler"])
+def test_without_a_working_compiler_flash_falls_back_to_tensor_ops(fresh_library, monkeypatch, caplog, cc):
+    monkeypatch.setattr(native, "compiler", lambda: cc)
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+        engine = build_engine("flash", torch.randn(1, 2, 8, dtype=torch.float64), 1)
+    assert engine.c_step is None and engine.block == 16
+    assert "flash steps run as tensor ops" in caplog.text
+    assert not list(fresh_library.glob("native/*"))
+    with pytest.raises(ValueError, match="native_step=True needs float32 or float64 on a CPU and a C compiler"):
+        build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
+
+
+def test_c_step_refuses_dtypes_it_has_no_code_for():
+    assert build_engine("flash", torch.randn(1, 2, 8, dtype=torch.bfloat16), 1).c_step is None
+    with pytest.raises(ValueError, match="native_step=True needs float32 or float64"):
+        build_engine("flash", torch.randn(1, 2, 8, dtype=torch.bfloat16), 1, native_step=True)
+
+
+def test_source_compiles_without_warnings(tmp_path):
+    cc = native.compiler()
+    if cc is None:
+        pytest.skip("no C compiler here")
+    proc = subprocess.run([cc, *native.FLAGS, "-Wall", "-Wextra", "-Werror", str(native.SOURCE), "-o",
+                           str(tmp_path / "x.so")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
