@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from lcsm.inference import bench_report
-from lcsm.inference.decode import new_decode_state
+from lcsm.inference import bench_report, native
+from lcsm.inference.decode import DECODES, new_decode_state
 from lcsm.inference.engines import build_engine
 from lcsm.inference.tau import TAUS, triton_available
 from lcsm.model.fftconv import fft_causal_conv
@@ -31,14 +31,17 @@ QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flas
 E2E_METHODS = ["lazy", "eager", "flash", "flash_batched", "flash_unbatched"]
 
 
-def method_options(method: str, block: int | None = None) -> tuple[str, dict]:
+def method_options(method: str, block: int | None = None, tensor_steps: bool = False) -> tuple[str, dict]:
     """'flash' is flash with the hybrid tau, its tiles batched over slots where that is faster (timed once);
     'flash_batched' / 'flash_unbatched' always / never batch them; 'flash_<tau>' picks the tau. A block, if given,
-    is every flash method's base block size."""
-    if method in ("lazy", "eager", "recompute"):
+    is every flash method's base block size; tensor_steps: lazy's and flash's steps as tensor ops, not in C."""
+    steps = {"native_step": False} if tensor_steps else {}
+    if method in ("eager", "recompute"):
         return method, {}
+    if method == "lazy":
+        return method, steps
     name, options = _flash_options(method)
-    return name, {**options, "block": block} if block else options
+    return name, {**options, **steps, **({"block": block} if block else {})}
 
 
 def _flash_options(method: str) -> tuple[str, dict]:
@@ -66,11 +69,11 @@ def sync(device: torch.device) -> None:
 
 
 def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budget: float, seed: int = 0,
-                block: int | None = None) -> dict | None:
+                block: int | None = None, tensor_steps: bool = False) -> dict | None:
     gen = torch.Generator().manual_seed(seed)
     rho = (torch.randn(1, D, L, generator=gen) * torch.exp(-torch.arange(L) / (L / 4))).to(device)
     y_LBD = torch.randn(L, B, D, generator=gen).to(device)
-    name, options = method_options(method, block)
+    name, options = method_options(method, block, tensor_steps)
     if name == "flash":  # fill the autotune caches outside the timing
         _run_mixer(build_engine(name, rho, B, **options), y_LBD, device, budget)
     wall_start = time.perf_counter()
@@ -82,15 +85,15 @@ def bench_mixer(method: str, L: int, D: int, B: int, device: torch.device, budge
     wall_s = time.perf_counter() - wall_start
     ref = fft_causal_conv(y_LBD.permute(1, 2, 0).double(), rho[0].double()).permute(2, 0, 1)
     err = (z_LBD.double() - ref).abs().max().item()
-    return dict(mixer_s=seconds, total_s=seconds, wall_s=wall_s, max_abs_err=err, layers=1, **_flash_plan(engine))
+    return dict(mixer_s=seconds, total_s=seconds, wall_s=wall_s, max_abs_err=err, layers=1, **_plan(engine))
 
 
-def _flash_plan(engine) -> dict:
-    """How flash ran: per tile size its tau and batching, its block, and whether its steps ran in C."""
-    if engine.name != "flash":
-        return dict(tiles=None)
-    return dict(tiles={str(U): how for U, how in engine.describe().items()}, block=engine.block,
-                step="C" if engine.c_step else "tensor ops")
+def _plan(engine) -> dict:
+    """How an engine ran: its steps in C or as tensor ops; flash's block and, per tile size, its tau and batching."""
+    plan = dict(step="C" if getattr(engine, "c_step", None) else "tensor ops", tiles=None)
+    if engine.name == "flash":
+        plan.update(tiles={str(U): how for U, how in engine.describe().items()}, block=engine.block)
+    return plan
 
 
 def _run_mixer(engine, y_LBD: torch.Tensor, device: torch.device, budget: float) -> tuple[torch.Tensor, float] | None:
@@ -112,7 +115,8 @@ def e2e_args(L: int, D: int, layers: int) -> HyenaArgs:
 
 
 def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.device, budget: float,
-              cache: dict, compiled: bool = False, block: int | None = None) -> dict | None:
+              cache: dict, decode: str = "eager", block: int | None = None,
+              tensor_steps: bool = False) -> dict | None:
     key = (L, D, B, layers)
     if key not in cache:  # one model, token stream and parallel reference per shape, shared by all methods
         torch.manual_seed(0)
@@ -124,11 +128,11 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         cache.clear()
         cache[key] = (model, tokens, last_logits)
     model, tokens, ref = cache[key]
-    name, options = method_options(method, block)
+    name, options = method_options(method, block, tensor_steps)
     if name == "flash":  # fill the autotune caches outside the timing, with the engine alone
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
-    state = new_decode_state(model, name, B, compiled=compiled, **options)
+    state = new_decode_state(model, name, B, decode=decode, **options)
     mixer_s = [0.0]
     # The split is timed in wall time (perf_counter, 30 ns; process_time is a 0.5 us syscall, 16 per token) and
     # scaled to the process time of the whole run: approximate on a loaded box, while total_s stays exact.
@@ -159,9 +163,8 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
             return None
     sync(device)
     total_s, wall_s = now() - start, time.perf_counter() - wall_start
-    return dict(mixer_s=total_s * mixer_s[0] / wall_s, total_s=total_s, decode="compiled" if compiled else "eager",
-                wall_s=wall_s,
-                max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_flash_plan(state.engine))
+    return dict(mixer_s=total_s * mixer_s[0] / wall_s, total_s=total_s, decode=decode, wall_s=wall_s,
+                max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_plan(state.engine))
 
 
 def _run_mixer_slots(engine, y_LBD: torch.Tensor) -> None:
@@ -188,9 +191,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "quick 3)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny FFTs slow down with more on a "
                    "loaded box)")
-    p.add_argument("--decode", choices=["compiled", "eager"], help="e2e: the decode step outside the long "
-                   "convolutions, the same for every method: compiled by AOTInductor (the default; built once per "
-                   "machine and shape, about 30 s, needs a C++ compiler on the CPU) or eager (quick's default)")
+    p.add_argument("--decode", choices=list(DECODES), help="e2e: the decode step outside the long convolutions, "
+                   "the same for every method: native (in C, built in about a second; the default on a CPU with a "
+                   "C compiler), compiled by AOTInductor (built once per machine and shape, about 30 s) or eager "
+                   "(the default otherwise)")
+    p.add_argument("--tensor-steps", action="store_true", help="lazy's and flash's steps as tensor ops, not in C "
+                   "(by default both run in C where a C compiler is, so that the comparison stays fair)")
     p.add_argument("--block", type=int, help="flash: the base block, below which a step sums its block itself "
                    "(a power of two; default 64 with the C step, 16 with tensor ops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -227,10 +233,11 @@ def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, de
             limit = budget if method in QUADRATIC else float("inf")
             try:
                 if part == "mixer":
-                    rec = bench_mixer(method, L, args.channels, B, device, limit, block=args.block)
+                    rec = bench_mixer(method, L, args.channels, B, device, limit, block=args.block,
+                                      tensor_steps=args.tensor_steps)
                 else:
                     rec = bench_e2e(method, L, args.channels, B, args.layers, device, limit, e2e_cache,
-                                    compiled=args.decode == "compiled", block=args.block)
+                                    decode=args.decode, block=args.block, tensor_steps=args.tensor_steps)
             except MemoryError as e:
                 print(f"  {part} {method}: skipped from L={L} ({e})")
                 over.add(method)
@@ -274,7 +281,7 @@ def main(argv: list[str]) -> int:
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
     methods = args.methods or all_methods(device)
     args.batch = args.batch or ([1] if args.quick else [1, 8])
-    args.decode = args.decode or ("eager" if args.quick else "compiled")
+    args.decode = args.decode or ("native" if device.type == "cpu" and native.library() else "eager")
     errors = check_args(args, lengths, methods, device)
     if errors:
         raise UserError(errors[0])

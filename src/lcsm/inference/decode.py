@@ -22,6 +22,7 @@ The weights are rearranged once per decode state:
 from __future__ import annotations
 
 import abc
+import ctypes
 import hashlib
 import os
 import sys
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.inference import autotune
+from lcsm.inference import autotune, native
 from lcsm.inference.engines import OnlineConv, build_engine
 from lcsm.model.hyena import HyenaBlock, HyenaLM
 from titan.tools.cli import UserError
@@ -100,8 +101,8 @@ def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
         except Exception as e:
             tmp.unlink(missing_ok=True)
             raise CompileError(f"compiling the decode step failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                               "AOTInductor needs a C++ compiler on the CPU. Decode eagerly instead "
-                               "(compiled=False, or --decode eager)") from e
+                               "AOTInductor needs a C++ compiler on the CPU. Decode another way instead "
+                               "(decode='eager' or 'native', or --decode eager|native)") from e
         print(f"lcsm: compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     # The loader's run() takes the flat tensor list; the package's __call__ adds ~35 us of pytree (un)flattening.
     run = torch._inductor.aoti_load_package(str(path)).loader.run
@@ -293,9 +294,12 @@ class CompiledDecodeState(DecodeState):
         conv_w[-1] = 1
         self.head = (head_w, torch.zeros_like(head_w[0]), conv_w, torch.zeros_like(head_w[0]))
         self.head_ring = first.ring.new_zeros(batch, first.K, G, D)
+        self._build_exit(first, norm_D_eps(model))
+
+    def _build_exit(self, first: ExitBlock, D_eps: float) -> None:
         # Distinct example tensors: inputs that alias each other would be traced as one.
         example = (*(self.zeros.clone() for _ in range(3)), first.ring, *first.post, *first.entry)
-        self.exit = compiled_block_exit(example, norm_D_eps(model))
+        self.exit = compiled_block_exit(example, D_eps)
 
     @torch.inference_mode()
     def step(self, token_B: torch.Tensor) -> torch.Tensor:
@@ -314,10 +318,72 @@ class CompiledDecodeState(DecodeState):
         return logits.flatten(1)[:, : self.model.args.vocab_size]
 
 
+class NativeDecodeState(CompiledDecodeState):
+    """Decoding with block_exit in C (lcsm.inference.native, built in about a second): one call per block boundary
+    into buffers made once, without AOTInductor's per-matmul ATen calls."""
+
+    def _build_exit(self, first: ExitBlock, D_eps: float) -> None:
+        self.c_exit = native.block_exit(first.ring.dtype) if first.ring.device.type == "cpu" else None
+        if self.c_exit is None:
+            raise CompileError(f"the C decode step needs float32 or float64 on a CPU and a C compiler (cc, gcc or "
+                               f"clang, or $CC); got {first.ring.dtype} on {first.ring.device.type}. Decode eagerly "
+                               "or compiled instead (--decode eager or compiled)")
+        posts = [self.identity] + [b.post for b in self.blocks]
+        entries = [b.entry for b in self.blocks] + [self.head]
+        rings = [b.ring for b in self.blocks] + [self.head_ring]
+        self.c_sites = [native.block_exit_args(post, entry, ring, D_eps)
+                        for post, entry, ring in zip(posts, entries, rings)]
+        self.c_site_addresses = [ctypes.addressof(args) for args, _ in self.c_sites]
+        # Each boundary's outputs, reused from token to token (with their views and addresses): x feeds the next
+        # call only, u the engine (which copies its inputs) and the gates. The logits are fresh: the caller keeps
+        # them.
+        B, D = self.zeros.shape
+        self.c_out = [self.zeros.new_empty(B, D) for _ in rings]
+        self.c_u = [self.zeros.new_empty(B, ring.shape[2], D) for ring in rings[:-1]]
+        self.c_u_parts = [u.unbind(1) for u in self.c_u]
+        self.c_out_ptrs, self.c_u_ptrs = [t.data_ptr() for t in self.c_out], [t.data_ptr() for t in self.c_u]
+
+    def _exit(self, site: int, x, z, gate, u_ptr: int):
+        # Named, so that the copies live until the call returns (at B > 1 the gates are strided views).
+        z, gate = z.contiguous(), gate.contiguous()
+        self.c_exit(self.c_site_addresses[site], x.data_ptr(), z.data_ptr(), gate.data_ptr(),
+                    self.c_out_ptrs[site], u_ptr)
+        return self.c_out[site]
+
+    @torch.inference_mode()
+    def step(self, token_B: torch.Tensor) -> torch.Tensor:
+        x, z, gate = F.embedding(token_B, self.model.tok_embeddings.weight), self.zeros, self.zeros
+        engine = self.engine
+        for i, block in enumerate(self.blocks):
+            x = self._exit(i, x, z, gate, self.c_u_ptrs[i])
+            v, *gates = self.c_u_parts[i]
+            for n, gate in enumerate(gates):
+                z = engine.step(v, i * block.order + n)
+                if n < block.order - 1:
+                    v = gate * z
+        logits = self.zeros.new_empty(self.head_ring.shape[0], self.head_ring.shape[2] * self.zeros.shape[1])
+        self._exit(len(self.blocks), x, z, gate, logits.data_ptr())
+        self.pos += 1
+        return logits[:, : self.model.args.vocab_size]
+
+
+DECODES = {"eager": EagerDecodeState, "compiled": CompiledDecodeState, "native": NativeDecodeState}
+
+
+def default_decode(model: HyenaLM) -> str:
+    """native where it can be built (float32 or float64 weights on a CPU with a C compiler), else eager."""
+    weight = model.tok_embeddings.weight
+    usable = weight.device.type == "cpu" and weight.dtype in native.CTYPES
+    return "native" if usable and native.library() is not None else "eager"
+
+
 @torch.no_grad()
-def new_decode_state(model: HyenaLM, engine: str, batch: int, compiled: bool = False,
+def new_decode_state(model: HyenaLM, engine: str, batch: int, decode: str = "eager",
                      **flash_options) -> DecodeState:
-    """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines);
-    compiled: block_exit compiled by AOTInductor (built once per machine and shape) instead of EagerBlocks."""
+    """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines).
+    decode: the step outside the long convolutions, "eager" (EagerBlocks), "compiled" (block_exit compiled by
+    AOTInductor, built once per machine and shape) or "native" (block_exit in C)."""
+    if decode not in DECODES:
+        raise ValueError(f"unknown decode {decode!r}; choose one of {', '.join(DECODES)}")
     engine = build_engine(engine, model.inference_filters(), batch, **flash_options)
-    return (CompiledDecodeState if compiled else EagerDecodeState)(model, engine, batch)
+    return DECODES[decode](model, engine, batch)

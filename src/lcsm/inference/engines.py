@@ -38,6 +38,24 @@ class OnlineConv(abc.ABC):
         self.pos = 0  # positions fully stepped by every slot
         self.step_shape, self.dtype, self.device = torch.Size((batch, self.D)), rho_GDL.dtype, rho_GDL.device
 
+    def _c_function(self, make, wanted: bool | None):
+        """The engine's step in C (make(dtype), lcsm.inference.native) or None. wanted: None where it can be
+        built (float32 or float64 on a CPU with a C compiler), True to require it, False for the tensor ops."""
+        usable = self.device.type == "cpu" and self.dtype in native.CTYPES
+        step = make(self.dtype) if usable and wanted is not False else None
+        if step is None and wanted:
+            raise ValueError("native_step=True needs float32 or float64 on a CPU and a C compiler (cc, gcc or "
+                             "clang, or $CC); use native_step=None to fall back to tensor ops")
+        self._outputs: list[torch.Tensor] = []
+        return step
+
+    def _output(self) -> torch.Tensor:
+        """A fresh (B, D) tensor for a C step's output, cut from a chunk made once per 1024 steps (0.6 us a view,
+        against 1-3 us for torch.empty)."""
+        if not self._outputs:
+            self._outputs = list(torch.empty(1024, self.B, self.D, dtype=self.dtype).unbind(0))
+        return self._outputs.pop()
+
     def _buffer(self) -> torch.Tensor:
         return self.rho_GDL.new_zeros(self.G, self.D, self.B, self.L)
 
@@ -87,9 +105,12 @@ class OnlineConv(abc.ABC):
 
 
 class LazyConv(OnlineConv):
+    """native_step: at batch 1 the step in C (one pass over the history; see OnlineConv._c_function), None
+    (default) where it can be built."""
+
     name = "lazy"
 
-    def __init__(self, rho_GDL, batch):
+    def __init__(self, rho_GDL, batch, native_step: bool | None = None):
         super().__init__(rho_GDL, batch)
         # Inputs stored position-major, (D, L, B) per slot, so a step is one (1, t) x (t, B) product per channel,
         # and at B = 1 a product into a preallocated buffer and a sum (3.3x faster than that bmm's batched gemv).
@@ -98,11 +119,20 @@ class LazyConv(OnlineConv):
         self.y_DLB = list(rho_GDL.new_zeros(self.G, self.D, self.L, self.B).unbind(0))
         self.rho_rev = list(rho_GDL.flip(-1).unsqueeze(2).contiguous().unbind(0))  # (D, 1, L) per slot
         self.product_DL = rho_GDL.new_empty(self.D, self.L) if batch == 1 else None
+        # In C at batch 1 only: at B > 1 the tensor path's batched matrix-vector product is the faster (steps.c).
+        self.c_step = self._c_function(native.lazy_step, native_step if batch == 1 else False)
+        self.c_pointers = [(y.data_ptr(), r.data_ptr()) for y, r in zip(self.y_DLB, self.rho_rev)]
 
     def _prefill_state(self, y_DBP, slot):
         self.y_DLB[slot][:, : y_DBP.shape[-1]] = y_DBP.transpose(1, 2)
 
     def _step(self, y_BD, slot, t):
+        if self.c_step is not None:
+            z_BD = self._output()
+            if not y_BD.is_contiguous():
+                y_BD = y_BD.contiguous()
+            self.c_step(*self.c_pointers[slot], self.D, self.L, t, y_BD.data_ptr(), z_BD.data_ptr())
+            return z_BD
         y_DLB = self.y_DLB[slot]
         y_DLB[:, t] = y_BD.T
         rho_D1T = self.rho_rev[slot][..., self.L - 1 - t :]
@@ -159,8 +189,8 @@ class FlashConv(OnlineConv):
     batch_layers: True runs each tile once for all slots (they share the tile size), False once per slot, None
     (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
     less overhead, G calls keep the working set of a long tile in cache.
-    native_step: the step as one C call (lcsm.inference.native) instead of tensor ops: None (default) where it can be
-    built (float32 or float64 on a CPU with a C compiler), True to require it, False for the tensor ops.
+    native_step: the step as one C call instead of tensor ops (see OnlineConv._c_function); None (default) where
+    it can be built.
     """
 
     name = "flash"
@@ -168,7 +198,7 @@ class FlashConv(OnlineConv):
     def __init__(self, rho_GDL, batch, tau: str = "hybrid", block: int | None = None,
                  batch_layers: bool | None = None, native_step: bool | None = None):
         super().__init__(rho_GDL, batch)
-        self.c_step = self._c_step_function(native_step)
+        self.c_step = self._c_function(native.flash_step, native_step)
         # A step sums its block eagerly (O(block) work) and tiles start at the block size: with tensor ops a step
         # costs its ops, so the block is small; the C step's work is cheap, so it takes over the small tiles
         # (64: 9-14 us per position at 2^16, D=64, B=1, against 14-16 us for 16; the same or better at B=8).
@@ -207,15 +237,6 @@ class FlashConv(OnlineConv):
         """Tile size -> whether one tau call serves every slot (after the last slot's step)."""
         self.block_mask = b - 1
         self.c_slots = self._c_slots() if self.c_step else None
-        self._outputs: list[torch.Tensor] = []
-
-    def _c_step_function(self, wanted: bool | None):
-        usable = self.device.type == "cpu" and self.dtype in native.CTYPES
-        step = native.flash_step(self.dtype) if usable and wanted is not False else None
-        if step is None and wanted:
-            raise ValueError("native_step=True needs float32 or float64 on a CPU and a C compiler (cc, gcc or "
-                             "clang, or $CC); use native_step=None to fall back to tensor ops")
-        return step
 
     def _c_slots(self) -> list[int]:
         """The C step's per-slot arguments: addresses of structures (and tensors) that this engine keeps alive."""
@@ -275,13 +296,6 @@ class FlashConv(OnlineConv):
                 self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_lags[slot][P - j - 1 : start + b - j - 1])
             self.pending[slot] = True
 
-    def _output(self) -> torch.Tensor:
-        """A fresh (B, D) tensor for a step's output, cut from a chunk made once per 1024 steps (0.6 us a view,
-        against 1-3 us for torch.empty)."""
-        if not self._outputs:
-            self._outputs = list(torch.empty(1024, self.B, self.D, dtype=self.dtype).unbind(0))
-        return self._outputs.pop()
-
     def _step(self, y_BD, slot, t):
         if self.c_step is not None:
             z_BD = self._output()
@@ -314,9 +328,12 @@ ENGINES: dict[str, type[OnlineConv]] = {e.name: e for e in (LazyConv, EagerConv,
 
 
 def build_engine(name: str, rho_GDL: torch.Tensor, batch: int, **flash_options) -> OnlineConv:
-    """An engine by name; flash_options (tau, block, batch_layers) go to flash and must be empty for the others."""
+    """An engine by name; flash_options (tau, block, batch_layers, native_step) go to flash, and native_step to
+    lazy too; the others take none."""
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
-    if flash_options and name != "flash":
-        raise ValueError(f"options {sorted(flash_options)} apply to the flash engine only, not {name!r}")
+    allowed = {"flash": flash_options.keys(), "lazy": {"native_step"}}.get(name, set())
+    if set(flash_options) - allowed:
+        raise ValueError(f"options {sorted(set(flash_options) - allowed)} apply to the flash engine only, "
+                         f"not {name!r}")
     return ENGINES[name](rho_GDL, batch, **flash_options)

@@ -2,7 +2,7 @@
 
 python -m lcsm.generate --prompt "The history of" [--checkpoint outputs/hyena_debug/checkpoint/step-200]
     [--config configs/lcsm/hyena_debug.toml] [--engine flash|lazy|eager|recompute|all] [--max-new-tokens 64]
-    [--decode eager|compiled]
+    [--decode native|compiled|eager]
     [--section.key value ...]   (titan overrides the model was trained with, e.g. --model.dim 32)
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lcsm.inference.decode import new_decode_state
+from lcsm.inference.decode import DECODES, default_decode, new_decode_state
 from lcsm.inference.engines import ENGINES
 from lcsm.inference.tau import TAUS
 from lcsm.model.hyena import HyenaLM
@@ -25,7 +25,7 @@ from titan.tools.cli import UserError, entry_point, run
 
 @torch.no_grad()
 def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
-             temperature: float = 0.0, generator: torch.Generator | None = None, compiled: bool = False,
+             temperature: float = 0.0, generator: torch.Generator | None = None, decode: str = "eager",
              **flash_options) -> torch.Tensor:
     """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0."""
     B, P = prompt_BP.shape
@@ -36,7 +36,7 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
             f"prompt ({P}) + max_new_tokens ({max_new_tokens}) needs {P + max_new_tokens - 1} positions but the "
             f"filters cover max_seq_len = {model.args.max_seq_len}; shorten the prompt or generate fewer tokens"
         )
-    state = new_decode_state(model, engine, B, compiled=compiled, **flash_options)
+    state = new_decode_state(model, engine, B, decode=decode, **flash_options)
     logits = state.prefill(prompt_BP)[:, -1]
     new = []
     for i in range(max_new_tokens):
@@ -88,9 +88,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    "greedy tokens agree)")
     p.add_argument("--tau", default="hybrid", help=f"flash's tile implementation: {', '.join(TAUS)}")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--decode", choices=["eager", "compiled"], default="eager", help="the decode step outside the "
-                   "long convolutions: eager, or compiled by AOTInductor (4x faster per token; built once per "
-                   "machine and shape, about 30 s, needs a C++ compiler on the CPU)")
+    p.add_argument("--decode", choices=list(DECODES), help="the decode step outside the long convolutions: eager, "
+                   "compiled by AOTInductor (built once per machine and shape, about 30 s) or native (in C, built "
+                   "in about a second; the default where a C compiler is, with float32 or float64 weights on a "
+                   "CPU, else eager)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_known_args(argv)
@@ -119,12 +120,13 @@ def main(argv: list[str]) -> int:
     if prompt.shape[1] + args.max_new_tokens - 1 > model.args.max_seq_len:
         raise UserError(f"prompt ({prompt.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the "
                         f"model's max_seq_len {model.args.max_seq_len}; shorten the prompt or generate fewer tokens")
+    decode = args.decode or default_decode(model)
     results = {}
     for engine in engines:
         options = {"tau": args.tau} if engine == "flash" else {}
         start = time.perf_counter()
         tokens = generate(model, prompt, args.max_new_tokens, engine, args.temperature,
-                          torch.Generator().manual_seed(args.seed), compiled=args.decode == "compiled", **options)
+                          torch.Generator().manual_seed(args.seed), decode=decode, **options)
         seconds = time.perf_counter() - start
         results[engine] = tokens
         print(f"[{engine}] {seconds / args.max_new_tokens * 1e3:.1f} ms/token")

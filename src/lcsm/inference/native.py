@@ -1,9 +1,13 @@
-"""FlashConv's step as one C call (flash_step.c), built once per machine with the system's C compiler.
+"""Engine steps as one C call each (steps.c), built once per machine with the system's C compiler.
 
-A step at D = 64, B = 1 is about a hundred multiply-adds; as tensor ops it costs their dispatch, several
-microseconds, which at long L is most of flash's time on a CPU. The library is compiled on first use into
-$LCSM_CACHE_DIR/native (about a second) and loaded with ctypes. Without a compiler, `flash_step` returns None and
-the engine keeps its tensor path.
+- flash: a step at D = 64, B = 1 is about a hundred multiply-adds; as tensor ops it costs their dispatch, several
+  microseconds, which at long L is most of flash's time on a CPU.
+- decode: block_exit of lcsm.inference.decode (out_proj, the MLP, the next block's norm, in_proj and short conv)
+  in one call: at D = 64 its tensor ops cost their dispatch, and AOTInductor's code calls ATen for each matmul.
+- lazy: the baseline gets the same treatment, so that the comparison stays fair: at batch 1 its dot product over
+  the whole history in one pass over memory, where the tensor path makes four.
+The library is compiled on first use into $LCSM_CACHE_DIR/native (about a second) and loaded with ctypes. Without
+a compiler, `step_function` returns None and the engines keep their tensor paths.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import torch
 from lcsm.inference import autotune
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("flash_step.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
+SOURCE = Path(__file__).with_name("steps.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp-simd", "-shared", "-fPIC", "-std=c99"]
+LIBS = ["-lm"]  # after the source: a linker with --as-needed drops libraries named before their use
 CTYPES = {torch.float32: ("f32", ctypes.c_float), torch.float64: ("f64", ctypes.c_double)}
 
 
@@ -33,48 +38,51 @@ def compiler() -> str | None:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled flash_step library, or None (logged once) when it cannot be built here."""
+    """The compiled steps library, or None (logged once) when it cannot be built here."""
     cc = compiler()
     if cc is None:
-        logger.warning("lcsm: no C compiler (cc, gcc or clang, or $CC); flash steps run as tensor ops (slower)")
+        logger.warning("lcsm: no C compiler (cc, gcc or clang, or $CC); engine steps run as tensor ops (slower)")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + f"{cc} {FLAGS} {autotune.machine(torch.device('cpu'))}".encode()).hexdigest()
-    path = autotune.cache_file().parent / "native" / f"flash_step-{key[:16]}.so"
+    build = f"{cc} {FLAGS} {LIBS} {autotune.machine(torch.device('cpu'))}"
+    key = hashlib.sha256(source + build.encode()).hexdigest()
+    path = autotune.cache_file().parent / "native" / f"steps-{key[:16]}.so"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
         try:
-            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], check=True, capture_output=True, text=True)
+            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), *LIBS], check=True, capture_output=True,
+                           text=True)
             tmp.replace(path)  # atomic: a concurrent process loads the old library or the new one
         except (OSError, subprocess.CalledProcessError) as e:
             tmp.unlink(missing_ok=True)
             detail = getattr(e, "stderr", "") or str(e)
             logger.warning(f"lcsm: compiling {SOURCE.name} with {cc} failed ({detail.strip().splitlines()[-1]}); "
-                           "flash steps run as tensor ops (slower)")
+                           "engine steps run as tensor ops (slower)")
             return None
     return ctypes.CDLL(str(path))
 
 
-@functools.cache
-def _slot_struct(ctype) -> type[ctypes.Structure]:
-    pointer = ctypes.POINTER(ctype)
-    return type("Slot", (ctypes.Structure,), {"_fields_": [
-        ("A", pointer), ("Y", pointer), ("rho", pointer), ("acc", pointer), ("ys", pointer),
-        ("b", ctypes.c_int64), ("B", ctypes.c_int64), ("D", ctypes.c_int64), ("L", ctypes.c_int64),
-        ("acc_len", ctypes.c_int64)]})
-
-
-def flash_step(dtype: torch.dtype):
-    """The C step for dtype, called as step(slot, t, pending, y_ptr, z_ptr); None if unavailable."""
+def c_function(name: str, dtype: torch.dtype, argtypes: list):
+    """The C function `name` of steps.c for dtype, or None where it cannot be had."""
     lib = library() if dtype in CTYPES else None
     if lib is None:
         return None
-    suffix, ctype = CTYPES[dtype]
-    step = getattr(lib, f"flash_step_{suffix}")
-    step.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
-    step.restype = None
+    step = getattr(lib, f"{name}_{CTYPES[dtype][0]}")
+    step.argtypes, step.restype = argtypes, None
     return step
+
+
+def flash_step(dtype: torch.dtype):
+    """Called as step(slot_address, t, pending, y_ptr, z_ptr); see `slot`."""
+    return c_function("flash_step", dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
+                                            ctypes.c_void_p])
+
+
+def lazy_step(dtype: torch.dtype):
+    """Called as step(y_DL_ptr, rho_rev_ptr, D, L, t, y_ptr, z_ptr), at batch 1."""
+    return c_function("lazy_step", dtype, [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 3,
+                                           ctypes.c_void_p, ctypes.c_void_p])
 
 
 def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, acc: torch.Tensor, ys: torch.Tensor):
@@ -86,4 +94,37 @@ def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, acc: torch.Tensor,
     b, B, D = A.shape
     _, ctype = CTYPES[A.dtype]
     pointers = [ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype)) for t in tensors]
-    return _slot_struct(ctype)(*pointers, b, B, D, ys.shape[-1], acc.shape[-1])
+    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "acc", "ys"), ("b", "B", "D", "L", "acc_len"))
+    return cls(*pointers, b, B, D, ys.shape[-1], acc.shape[-1])
+
+
+@functools.cache
+def _struct(name: str, ctype, pointers: tuple[str, ...], ints: tuple[str, ...], reals: tuple[str, ...] = ()):
+    return type(name, (ctypes.Structure,), {"_fields_": [(p, ctypes.POINTER(ctype)) for p in pointers]
+                                            + [(i, ctypes.c_int64) for i in ints] + [(r, ctype) for r in reals]})
+
+
+def block_exit(dtype: torch.dtype):
+    """Called as exit(args_address, x_ptr, z_ptr, gate_ptr, out_ptr, u_ptr); see `block_exit_args`."""
+    return c_function("block_exit", dtype, [ctypes.c_void_p] * 6)
+
+
+EXIT_POINTERS = ("out_w", "out_b", "w1", "w2", "in_w", "in_b", "conv_w", "conv_b", "ring", "scratch")
+
+
+def block_exit_args(post: tuple[torch.Tensor, ...], entry: tuple[torch.Tensor, ...], ring_BKGD: torch.Tensor,
+                    D_eps: float):
+    """One call site's arguments: post = (out_w, out_b, w1, w2), entry = (in_w, in_b, conv_w, conv_b) as
+    decode.ExitBlock has them, and the ring it moves on. Returns the structure and the scratch buffer, both for
+    the caller to keep alive."""
+    out_w, _, w1, _ = post
+    B, K, G, D = ring_BKGD.shape
+    H = w1.shape[1]
+    scratch = out_w.new_empty(3 * D + H + G * D)
+    tensors = (*post, *entry, ring_BKGD, scratch)
+    if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == out_w.dtype for t in tensors):
+        raise ValueError("the C block_exit needs contiguous CPU tensors of one dtype")
+    _, ctype = CTYPES[out_w.dtype]
+    cls = _struct("BlockExit", ctype, EXIT_POINTERS, ("B", "D", "H", "C", "K"), ("D_eps",))
+    pointers = [ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype)) for t in tensors]
+    return cls(*pointers, B, D, H, G * D, K, D_eps), scratch

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm.inference import native
 from lcsm.inference.decode import CompileError, fold_norm, new_decode_state, rms_scale
 from tests.lcsm.conftest import TINY_ARGS as ARGS
 from tests.lcsm.conftest import tiny_hyena
@@ -56,6 +57,33 @@ def test_logits_of_earlier_steps_are_not_overwritten(model, tokens):
     assert torch.equal(first, kept)
 
 
+@pytest.mark.parametrize("engine,options,P,B", [("flash", {}, 3, 2), ("flash", {"native_step": False}, 1, 2),
+                                                ("lazy", {}, 11, 1), ("eager", {}, 1, 2)])
+def test_native_decode_equals_parallel_forward(model, tokens, engine, options, P, B):
+    """block_exit in C; at B = 2 the gates are strided views, and the engine steps run in C or as tensor ops."""
+    state = new_decode_state(model, engine, B, decode="native", **options)
+    logits = [state.prefill(tokens[:B, :P])]
+    logits += [state.step(tokens[:B, t])[:, None] for t in range(P, ARGS.max_seq_len)]
+    torch.testing.assert_close(torch.cat(logits, 1), model(tokens[:B]), rtol=0, atol=1e-10)
+
+
+def test_native_decode_in_float32_and_its_logits_are_fresh(tokens):
+    model = tiny_hyena().float()
+    state = new_decode_state(model, "flash", 2, decode="native")
+    logits = [state.step(tokens[:, t]) for t in range(ARGS.max_seq_len)]
+    assert len({x.data_ptr() for x in logits}) == len(logits)
+    torch.testing.assert_close(torch.stack(logits, 1), model(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_native_decode_without_a_compiler_names_the_other_decodes(model, monkeypatch):
+    monkeypatch.setattr(native, "block_exit", lambda dtype: None)
+    with pytest.raises(CompileError, match=r"needs float32 or float64 on a CPU and a C compiler .*--decode eager or "
+                                           r"compiled"):
+        new_decode_state(model, "lazy", 2, decode="native")
+    with pytest.raises(ValueError, match="unknown decode 'fast'; choose one of eager, compiled, native"):
+        new_decode_state(model, "lazy", 2, decode="fast")
+
+
 def test_second_prefill_names_the_fix(model, tokens):
     state = new_decode_state(model, "lazy", 2)
     state.prefill(tokens[:, :3])
@@ -66,7 +94,7 @@ def test_second_prefill_names_the_fix(model, tokens):
 @pytest.fixture(scope="module")
 def compiled_states(model):
     """Builds the compiled decode step once (about 30 s on 2 cores); later states load it from the cache."""
-    return lambda engine, **options: new_decode_state(model, engine, 2, compiled=True, **options)
+    return lambda engine, **options: new_decode_state(model, engine, 2, decode="compiled", **options)
 
 
 @pytest.mark.parametrize("engine,P", [("flash", 3), ("lazy", 1)])
@@ -86,5 +114,5 @@ def test_compiled_decode_is_built_once_per_shape_then_loaded(compiled_states, mo
         raise RuntimeError("Compiler: cc is not found.")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
-    with pytest.raises(CompileError, match=r"failed \(RuntimeError: Compiler: cc is not found.\); .*--decode eager"):
-        new_decode_state(model, "lazy", 3, compiled=True)  # another batch size: another build, which fails here
+    with pytest.raises(CompileError, match=r"failed \(RuntimeError: Compiler: cc is not found.\); .*eager\|native"):
+        new_decode_state(model, "lazy", 3, decode="compiled")  # another batch size: another build, which fails

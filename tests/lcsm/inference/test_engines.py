@@ -6,6 +6,7 @@ from lcsm.model.fftconv import fft_causal_conv
 
 CONFIGS = [
     ("lazy", {}),
+    ("lazy", {"native_step": False}),
     ("eager", {}),
     ("recompute", {}),
     ("flash", {"tau": "fft", "block": 1}),
@@ -16,7 +17,7 @@ CONFIGS = [
     ("flash", {"tau": "fft", "block": 4, "native_step": False}),
     ("flash", {"tau": "hybrid", "native_step": False}),
 ]
-"""Flash steps in C where this machine can build it (lcsm.inference.native), and as tensor ops."""
+"""Lazy and flash steps in C where this machine can build it (lcsm.inference.native), and as tensor ops."""
 
 
 def run(engine, y_GBDL, P):

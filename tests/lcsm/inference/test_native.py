@@ -34,9 +34,22 @@ def test_c_step_equals_the_tensor_ops_and_the_convolution(dtype, atol, block, P)
     torch.testing.assert_close(z.double(), fft_causal_conv(y.double(), rho[:, None].double()), rtol=0, atol=10 * atol)
 
 
-def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors():
-    rho, y_LDB = torch.randn(1, 4, 40), torch.randn(40, 4, 3)  # y_LDB[t].T is a (3, 4) view with strides (1, 3)
-    engine = build_engine("flash", rho, 3, tau="fft", block=8, native_step=True)
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("P", [0, 7])
+def test_lazy_c_step_at_batch_1_equals_the_tensor_ops(dtype, atol, P):
+    gen = torch.Generator().manual_seed(P)
+    rho, y = torch.randn(2, 6, 90, generator=gen).to(dtype), torch.randn(2, 1, 6, 90, generator=gen).to(dtype)
+    in_c = build_engine("lazy", rho, 1, native_step=True)
+    assert in_c.c_step is not None and build_engine("lazy", rho, 1, native_step=False).c_step is None
+    assert build_engine("lazy", rho, 2, native_step=True).c_step is None  # the tensor path is faster at B > 1
+    torch.testing.assert_close(run(in_c, y, P), run(build_engine("lazy", rho, 1, native_step=False), y, P),
+                               rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name, B", [("lazy", 1), ("flash", 3)])
+def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors(name, B):
+    rho, y_LDB = torch.randn(1, 4, 40), torch.randn(40, 4, B)  # y_LDB[t].T is a (B, 4) view with strides (1, B)
+    engine = build_engine(name, rho, B, native_step=True, **({"tau": "fft", "block": 8} if name == "flash" else {}))
     outputs = [engine.step(y_LDB[t].T) for t in range(40)]
     assert len({z.data_ptr() for z in outputs}) == 40
     torch.testing.assert_close(torch.stack(outputs, -1), fft_causal_conv(y_LDB.permute(2, 1, 0), rho[0]),
@@ -45,7 +58,7 @@ def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors():
 
 def test_library_is_built_once_into_the_cache_folder(fresh_library):
     build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
-    (built,) = (fresh_library / "native").glob("flash_step-*.so")
+    (built,) = (fresh_library / "native").glob("steps-*.so")
     native.library.cache_clear()
     stamp = built.stat().st_mtime_ns
     build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
@@ -58,7 +71,8 @@ def test_without_a_working_compiler_flash_falls_back_to_tensor_ops(fresh_library
     with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
         engine = build_engine("flash", torch.randn(1, 2, 8, dtype=torch.float64), 1)
     assert engine.c_step is None and engine.block == 16
-    assert "flash steps run as tensor ops" in caplog.text
+    assert "engine steps run as tensor ops" in caplog.text
+    assert build_engine("lazy", torch.randn(1, 2, 8), 1).c_step is None
     assert not list(fresh_library.glob("native/*"))
     with pytest.raises(ValueError, match="native_step=True needs float32 or float64 on a CPU and a C compiler"):
         build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
@@ -75,5 +89,5 @@ def test_source_compiles_without_warnings(tmp_path):
     if cc is None:
         pytest.skip("no C compiler here")
     proc = subprocess.run([cc, *native.FLAGS, "-Wall", "-Wextra", "-Werror", str(native.SOURCE), "-o",
-                           str(tmp_path / "x.so")], capture_output=True, text=True)
+                           str(tmp_path / "x.so"), *native.LIBS], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,132 @@
+/* Engine steps in C, loaded by lcsm/inference/native.py.
+
+First, one step of FlashConv (lcsm/inference/engines.py) for one slot, in one call instead of a few tensor ops.
+
+At D = 64, B = 1 a step is ~100 multiply-adds, and each tensor op costs microseconds of dispatch; this does the
+same arithmetic for a few hundred nanoseconds (equal to the tensor path up to rounding: the compiler may fuse a
+multiply and an add into one).
+Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums and inputs; rho (b, D), lags
+0 .. b-1; acc (D, B, acc_len), the tiles' sums for later outputs; ys (D, B, L), the inputs kept for the tiles.
+*/
+#include <stdint.h>
+#include <string.h>
+
+#define FLASH_STEP(NAME, T)                                                                                     \
+  typedef struct {                                                                                              \
+    T *A, *Y;                                                                                                   \
+    const T *rho;                                                                                               \
+    const T *acc;                                                                                               \
+    T *ys;                                                                                                      \
+    int64_t b, B, D, L, acc_len;                                                                                \
+  } NAME##_slot;                                                                                                \
+                                                                                                                \
+  /* pending: the block was begun by prefill, so the tiles' sums are added to A (and Y kept), not copied. */    \
+  void NAME(const NAME##_slot *s, int64_t t, int32_t pending, const T *y, T *z) {                              \
+    const int64_t b = s->b, B = s->B, D = s->D, o = t & (b - 1), start = t - o, BD = B * D;                   \
+    if (o == 0 || pending) {                                                                                    \
+      for (int64_t d = 0; d < D; d++)                                                                           \
+        for (int64_t j = 0; j < B; j++) {                                                                       \
+          const T *src = s->acc + (d * B + j) * s->acc_len + start;                                             \
+          for (int64_t i = 0; i < b; i++) {                                                                     \
+            T *dst = s->A + i * BD + j * D + d;                                                                 \
+            *dst = pending ? *dst + src[i] : src[i];                                                            \
+          }                                                                                                     \
+        }                                                                                                       \
+      if (!pending) memset(s->Y, 0, sizeof(T) * b * BD);                                                        \
+    }                                                                                                           \
+    const T *A_o = s->A + o * BD;                                                                               \
+    for (int64_t j = 0; j < B; j++)                                                                             \
+      for (int64_t d = 0; d < D; d++) z[j * D + d] = A_o[j * D + d] + y[j * D + d] * s->rho[d];                 \
+    for (int64_t k = 1; o + k < b; k++) { /* y_o reaches the block's later outputs through lags 1 .. b-1-o */   \
+      T *A_k = s->A + (o + k) * BD;                                                                             \
+      const T *rho_k = s->rho + k * D;                                                                          \
+      for (int64_t j = 0; j < B; j++)                                                                           \
+        for (int64_t d = 0; d < D; d++) A_k[j * D + d] += y[j * D + d] * rho_k[d];                              \
+    }                                                                                                           \
+    memcpy(s->Y + o * BD, y, sizeof(T) * BD);                                                                   \
+    if (o == b - 1 && t + 1 < s->L) /* the block is complete: its inputs go where the tiles read them */       \
+      for (int64_t d = 0; d < D; d++)                                                                           \
+        for (int64_t j = 0; j < B; j++) {                                                                       \
+          T *dst = s->ys + (d * B + j) * s->L + start;                                                          \
+          for (int64_t i = 0; i < b; i++) dst[i] = s->Y[i * BD + j * D + d];                                    \
+        }                                                                                                       \
+  }
+
+FLASH_STEP(flash_step_f32, float)
+FLASH_STEP(flash_step_f64, double)
+
+/* One step of LazyConv for one slot at batch 1: stores y_t, then z_t[d] = sum_{i <= t} rho[d, i] * y_i[d] over the
+whole history in one pass (the tensor path multiplies into a buffer, then sums it: four passes over memory; 2.5x
+slower at L = 16K, D = 64). At B > 1 the tensor path's batched matrix-vector product is faster (1.3 against 1.5 s at
+L = 4K, B = 8) and stays. Layouts: y_DL (D, L), the inputs per channel; rho_rev (D, L), each filter reversed. */
+#define LAZY_STEP(NAME, T)                                                                                      \
+  void NAME(T *y_DL, const T *rho_rev, int64_t D, int64_t L, int64_t t, const T *y, T *z) {                     \
+    for (int64_t d = 0; d < D; d++) {                                                                           \
+      T *hist = y_DL + d * L;                                                                                   \
+      const T *r = rho_rev + d * L + (L - 1 - t);                                                               \
+      hist[t] = y[d];                                                                                           \
+      T acc = 0;                                                                                                \
+      _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i <= t; i++) acc += r[i] * hist[i];           \
+      z[d] = acc;                                                                                               \
+    }                                                                                                           \
+  }
+
+LAZY_STEP(lazy_step_f32, float)
+LAZY_STEP(lazy_step_f64, double)
+
+/* block_exit of lcsm/inference/decode.py for one token, in one call: the last gate and out_proj of one block, its
+MLP, then the next block's RMSNorm, in_proj and short conv (or the head, as a "next block" whose in_proj is the
+output layer). Weights are decode.ExitBlock's: out_w (D, D), w1 (D, H), w2 (H, D), in_w (D, C) and conv_w (K, C)
+with C = G D, row-major. The ring (B, K, C) holds in_proj's outputs of the last K positions, oldest first, and
+moves on by one here. Equal to the tensor version up to rounding. */
+#include <math.h>
+
+#define BLOCK_EXIT(NAME, T, SQRT, ERF)                                                                          \
+  typedef struct {                                                                                              \
+    const T *out_w, *out_b, *w1, *w2, *in_w, *in_b, *conv_w, *conv_b;                                           \
+    T *ring, *scratch; /* scratch: 3 D + H + C */                                                                \
+    int64_t B, D, H, C, K;                                                                                      \
+    T D_eps;                                                                                                    \
+  } NAME##_args;                                                                                                \
+                                                                                                                \
+  static void NAME##_gemv(const T *x, const T *W, int64_t n, int64_t m, T *y) { /* y += x (n) @ W (n, m) */     \
+    for (int64_t k = 0; k < n; k++) {                                                                           \
+      const T xk = x[k], *row = W + k * m;                                                                      \
+      for (int64_t j = 0; j < m; j++) y[j] += xk * row[j];                                                      \
+    }                                                                                                           \
+  }                                                                                                             \
+                                                                                                                \
+  static T NAME##_rms_scale(const T *x, int64_t n, T D_eps) {                                                   \
+    T ss = 0;                                                                                                   \
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];                                                          \
+    return 1 / SQRT(ss + D_eps);                                                                                \
+  }                                                                                                             \
+                                                                                                                \
+  void NAME(const NAME##_args *s, const T *x, const T *z, const T *gate, T *out, T *u) {                        \
+    const int64_t D = s->D, H = s->H, C = s->C, K = s->K;                                                       \
+    T *gz = s->scratch, *h = gz + D, *o = h + D, *a = o + D, *p = a + H;                                        \
+    for (int64_t b = 0; b < s->B; b++) {                                                                        \
+      const T *xb = x + b * D, *zb = z + b * D, *gb = gate + b * D;                                             \
+      for (int64_t d = 0; d < D; d++) gz[d] = gb[d] * zb[d], h[d] = xb[d];                                      \
+      NAME##_gemv(gz, s->out_w, D, D, h);                                                                       \
+      for (int64_t d = 0; d < D; d++) h[d] += s->out_b[d];                                                      \
+      const T scale_h = NAME##_rms_scale(h, D, s->D_eps);                                                       \
+      for (int64_t j = 0; j < H; j++) a[j] = 0;                                                                 \
+      NAME##_gemv(h, s->w1, D, H, a);                                                                           \
+      for (int64_t j = 0; j < H; j++) a[j] *= scale_h, a[j] += a[j] * ERF(a[j]);                                \
+      for (int64_t d = 0; d < D; d++) o[d] = h[d];                                                              \
+      NAME##_gemv(a, s->w2, H, D, o);                                                                           \
+      const T scale_o = NAME##_rms_scale(o, D, s->D_eps);                                                       \
+      for (int64_t d = 0; d < D; d++) out[b * D + d] = o[d], o[d] *= scale_o;                                   \
+      for (int64_t c = 0; c < C; c++) p[c] = 0;                                                                 \
+      NAME##_gemv(o, s->in_w, D, C, p);                                                                         \
+      T *ring = s->ring + b * K * C, *ub = u + b * C;                                                           \
+      memmove(ring, ring + C, sizeof(T) * (K - 1) * C);                                                         \
+      for (int64_t c = 0; c < C; c++) ring[(K - 1) * C + c] = p[c] + s->in_b[c], ub[c] = s->conv_b[c];          \
+      for (int64_t k = 0; k < K; k++)                                                                           \
+        for (int64_t c = 0; c < C; c++) ub[c] += ring[k * C + c] * s->conv_w[k * C + c];                        \
+    }                                                                                                           \
+  }
+
+BLOCK_EXIT(block_exit_f32, float, sqrtf, erff)
+BLOCK_EXIT(block_exit_f64, double, sqrt, erf)
