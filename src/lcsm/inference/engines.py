@@ -4,7 +4,7 @@ Every engine serves G slots (e.g. layers x Hyena orders) that share one clock: a
 stepped in order 0 .. G-1, because a slot's input may depend on the previous slot's output. A slot's input is a
 (B, D) batch x channels. `prefill` consumes a whole prompt exactly (by FFT) and leaves the engine in the state it
 would have reached by stepping through it. All state lives in (G, D, B, L) buffers, so each step is a handful of
-tensor ops vectorized over batch and channels.
+tensor ops vectorized over batch and channels, or for lazy and flash on a CPU one C call (lcsm.inference.native).
 
 - lazy:      z_t as one dot product over the whole history: O(t) per step.
 - eager:     y_t's contribution to every future output at once: O(L - t) per step.
@@ -200,8 +200,9 @@ class FlashConv(OnlineConv):
         super().__init__(rho_GDL, batch)
         self.c_step = self._c_function(native.flash_step, native_step)
         # A step sums its block eagerly (O(block) work) and tiles start at the block size: with tensor ops a step
-        # costs its ops, so the block is small; the C step's work is cheap, so it takes over the small tiles
-        # (64: 9-14 us per position at 2^16, D=64, B=1, against 14-16 us for 16; the same or better at B=8).
+        # costs its ops, so the block is small; the C step's work is cheap, so it takes over the small tiles. 64
+        # was best or tied at the e2e shape (8 slots, D=64, L=16K: 76 us per position, 99 at 16; at B=8 41 and 45);
+        # one slot at 2^16 ran 10-30% faster still at 128-256, in noisy runs.
         block = block or (64 if self.c_step else 16)
         if block < 1 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 1, got {block}")
