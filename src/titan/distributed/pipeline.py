@@ -12,8 +12,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
 from titan.compat import torch_at_least
 from titan.tools.cli import UserError
@@ -116,6 +114,10 @@ def check_schedule_supported(schedule: str, device: torch.device) -> None:
 def build_schedule(parts: list[nn.Module], stage_ids: list[int], num_stages: int, parallel_dims, job_config,
                    device: torch.device, loss_fn: Callable):
     """PipelineStages for this rank's parts and the configured schedule over them."""
+    # Imported here: torch.distributed.pipelining imports torch._dynamo, over a second of every run's start-up.
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
+
     pcfg = job_config.parallelism
     check_schedule_supported(pcfg.pipeline_parallel_schedule, device)
     n_microbatches = microbatch_count(job_config)
