@@ -17,7 +17,8 @@ def _load(out: Path, name: str):
 
 def titan_section(t: dict) -> list[str]:
     lines = [f"## titan ({t['device']})", "",
-             f"bf16 matmul peak measured in this run: {t['measured_peak_tflops']:.4g} TFLOP/s (best over sizes "
+             f"{t.get('peak_dtype', 'bfloat16')} matmul peak measured in this run: {t['measured_peak_tflops']:.4g} "
+             "TFLOP/s (best over sizes "
              f"{', '.join(str(n) for n in t['matmul_peak_tflops'])}); device table peak: "
              f"{_f(t['table_peak_tflops'], '.0f')} TFLOP/s.", "",
              "| recipe | tokens/s | MFU % (table peak) | MFU % (measured peak) | peak memory GiB | loss @ last "
