@@ -12,6 +12,7 @@ a compiler, `step_function` returns None and the engines keep their tensor paths
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -36,6 +37,13 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+def library_path(cc: str) -> Path:
+    """Where the library built by cc lives: one file per source, compiler, flags and machine."""
+    build = f"{cc} {FLAGS} {LIBS} {autotune.machine(torch.device('cpu'))}"
+    key = hashlib.sha256(SOURCE.read_bytes() + build.encode()).hexdigest()
+    return autotune.cache_file().parent / "native" / f"steps-{key[:16]}.so"
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled steps library, or None (logged once) when it cannot be built here."""
@@ -43,24 +51,27 @@ def library() -> ctypes.CDLL | None:
     if cc is None:
         logger.warning("lcsm: no C compiler (cc, gcc or clang, or $CC); engine steps run as tensor ops (slower)")
         return None
-    source = SOURCE.read_bytes()
-    build = f"{cc} {FLAGS} {LIBS} {autotune.machine(torch.device('cpu'))}"
-    key = hashlib.sha256(source + build.encode()).hexdigest()
-    path = autotune.cache_file().parent / "native" / f"steps-{key[:16]}.so"
+    path = library_path(cc)
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp), *LIBS], check=True, capture_output=True,
                            text=True)
             tmp.replace(path)  # atomic: a concurrent process loads the old library or the new one
         except (OSError, subprocess.CalledProcessError) as e:
-            tmp.unlink(missing_ok=True)
-            detail = getattr(e, "stderr", "") or str(e)
-            logger.warning(f"lcsm: compiling {SOURCE.name} with {cc} failed ({detail.strip().splitlines()[-1]}); "
+            with contextlib.suppress(OSError):  # the folder itself may be what failed
+                tmp.unlink(missing_ok=True)
+            detail = (getattr(e, "stderr", "") or str(e)).strip().splitlines() or [type(e).__name__]
+            logger.warning(f"lcsm: building {SOURCE.name} with {cc} into {path.parent} failed ({detail[-1]}); "
                            "engine steps run as tensor ops (slower)")
             return None
-    return ctypes.CDLL(str(path))
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:  # a damaged file, or one built against another C library on a shared home
+        logger.warning(f"lcsm: loading {path} failed ({e}); engine steps run as tensor ops (slower); delete it to "
+                       "rebuild")
+        return None
 
 
 def c_function(name: str, dtype: torch.dtype, argtypes: list):

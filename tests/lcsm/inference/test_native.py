@@ -78,6 +78,23 @@ def test_without_a_working_compiler_flash_falls_back_to_tensor_ops(fresh_library
         build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
 
 
+def test_an_unwritable_or_damaged_cache_falls_back_with_a_warning(fresh_library, caplog):
+    blocker = fresh_library / "native"
+    blocker.write_text("a file where the folder would go")
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+        assert build_engine("flash", torch.randn(1, 2, 8), 1).c_step is None
+    assert "failed" in caplog.text and "engine steps run as tensor ops" in caplog.text
+    blocker.unlink()
+    damaged = native.library_path(native.compiler())
+    damaged.parent.mkdir()
+    damaged.write_bytes(b"not a shared library")
+    native.library.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+        assert build_engine("lazy", torch.randn(1, 2, 8), 1).c_step is None
+    assert f"loading {damaged} failed" in caplog.text and "delete it to rebuild" in caplog.text
+
+
 def test_c_step_refuses_dtypes_it_has_no_code_for():
     assert build_engine("flash", torch.randn(1, 2, 8, dtype=torch.bfloat16), 1).c_step is None
     with pytest.raises(ValueError, match="native_step=True needs float32 or float64"):
