@@ -281,7 +281,7 @@ def main(argv: list[str]) -> int:
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
     methods = args.methods or all_methods(device)
     args.batch = args.batch or ([1] if args.quick else [1, 8])
-    args.decode = args.decode or ("native" if device.type == "cpu" and native.library() else "eager")
+    args.decode = args.decode or ("native" if native.available(device, torch.float32) else "eager")
     errors = check_args(args, lengths, methods, device)
     if errors:
         raise UserError(errors[0])

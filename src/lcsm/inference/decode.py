@@ -325,7 +325,7 @@ class NativeDecodeState(CompiledDecodeState):
     into buffers made once, without AOTInductor's per-matmul ATen calls."""
 
     def _build_exit(self, first: ExitBlock, D_eps: float) -> None:
-        self.c_exit = native.block_exit(first.ring.dtype) if first.ring.device.type == "cpu" else None
+        self.c_exit = native.block_exit(first.ring.device, first.ring.dtype)
         if self.c_exit is None:
             raise CompileError(f"the C decode step needs float32 or float64 on a CPU and a C compiler (cc, gcc or "
                                f"clang, or $CC); got {first.ring.dtype} on {first.ring.device.type}. Decode eagerly "
@@ -375,8 +375,7 @@ DECODES = {"eager": EagerDecodeState, "compiled": CompiledDecodeState, "native":
 def default_decode(model: HyenaLM) -> str:
     """native where it can be built (float32 or float64 weights on a CPU with a C compiler), else eager."""
     weight = model.tok_embeddings.weight
-    usable = weight.device.type == "cpu" and weight.dtype in native.CTYPES
-    return "native" if usable and native.library() is not None else "eager"
+    return "native" if native.available(weight.device, weight.dtype) else "eager"
 
 
 @torch.no_grad()

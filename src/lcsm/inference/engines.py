@@ -37,24 +37,23 @@ class OnlineConv(abc.ABC):
         self.B = batch
         self.pos = 0  # positions fully stepped by every slot
         self.step_shape, self.dtype, self.device = torch.Size((batch, self.D)), rho_GDL.dtype, rho_GDL.device
+        self._outputs: list[torch.Tensor] = []  # C steps' outputs to come (_c_io)
 
     def _c_function(self, make, wanted: bool | None):
-        """The engine's step in C (make(dtype), lcsm.inference.native) or None. wanted: None where it can be
-        built (float32 or float64 on a CPU with a C compiler), True to require it, False for the tensor ops."""
-        usable = self.device.type == "cpu" and self.dtype in native.CTYPES
-        step = make(self.dtype) if usable and wanted is not False else None
+        """The engine's step in C (make(device, dtype), lcsm.inference.native) or None. wanted: None where it
+        can be built (float32 or float64 on a CPU with a C compiler), True to require it, False for tensor ops."""
+        step = make(self.device, self.dtype) if wanted is not False else None
         if step is None and wanted:
             raise ValueError("native_step=True needs float32 or float64 on a CPU and a C compiler (cc, gcc or "
                              "clang, or $CC); use native_step=None to fall back to tensor ops")
-        self._outputs: list[torch.Tensor] = []
         return step
 
-    def _output(self) -> torch.Tensor:
-        """A fresh (B, D) tensor for a C step's output, cut from a chunk made once per 1024 steps (0.6 us a view,
-        against 1-3 us for torch.empty)."""
+    def _c_io(self, y_BD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A C step's input, contiguous (the caller keeps it alive through the call), and a fresh (B, D) output,
+        cut from a chunk made once per 1024 steps (0.6 us a view, against 1-3 us for torch.empty)."""
         if not self._outputs:
             self._outputs = list(torch.empty(1024, self.B, self.D, dtype=self.dtype).unbind(0))
-        return self._outputs.pop()
+        return y_BD if y_BD.is_contiguous() else y_BD.contiguous(), self._outputs.pop()
 
     def _buffer(self) -> torch.Tensor:
         return self.rho_GDL.new_zeros(self.G, self.D, self.B, self.L)
@@ -128,9 +127,7 @@ class LazyConv(OnlineConv):
 
     def _step(self, y_BD, slot, t):
         if self.c_step is not None:
-            z_BD = self._output()
-            if not y_BD.is_contiguous():
-                y_BD = y_BD.contiguous()
+            y_BD, z_BD = self._c_io(y_BD)
             self.c_step(*self.c_pointers[slot], self.D, self.L, t, y_BD.data_ptr(), z_BD.data_ptr())
             return z_BD
         y_DLB = self.y_DLB[slot]
@@ -299,9 +296,7 @@ class FlashConv(OnlineConv):
 
     def _step(self, y_BD, slot, t):
         if self.c_step is not None:
-            z_BD = self._output()
-            if not y_BD.is_contiguous():
-                y_BD = y_BD.contiguous()
+            y_BD, z_BD = self._c_io(y_BD)
             self.c_step(self.c_slots[slot], t, self.pending[slot], y_BD.data_ptr(), z_BD.data_ptr())
             self.pending[slot] = False
             if t & self.block_mask == self.block_mask and t + 1 < self.L:

@@ -7,7 +7,7 @@
 - lazy: the baseline gets the same treatment, so that the comparison stays fair: at batch 1 its dot product over
   the whole history in one pass over memory, where the tensor path makes four.
 The library is compiled on first use into $LCSM_CACHE_DIR/native (about a second) and loaded with ctypes. Without
-a compiler, `step_function` returns None and the engines keep their tensor paths.
+a compiler, `available` is False and the engines keep their tensor paths.
 """
 
 from __future__ import annotations
@@ -74,39 +74,47 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
-def c_function(name: str, dtype: torch.dtype, argtypes: list):
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the C code serves tensors of this device and dtype here (a CPU, float32 or float64, a library)."""
+    return device.type == "cpu" and dtype in CTYPES and library() is not None
+
+
+def c_function(name: str, device: torch.device, dtype: torch.dtype, argtypes: list):
     """The C function `name` of steps.c for dtype, or None where it cannot be had."""
-    lib = library() if dtype in CTYPES else None
-    if lib is None:
+    if not available(device, dtype):
         return None
-    step = getattr(lib, f"{name}_{CTYPES[dtype][0]}")
+    step = getattr(library(), f"{name}_{CTYPES[dtype][0]}")
     step.argtypes, step.restype = argtypes, None
     return step
 
 
-def flash_step(dtype: torch.dtype):
+def flash_step(device: torch.device, dtype: torch.dtype):
     """Called as step(slot_address, t, pending, y_ptr, z_ptr); see `slot`."""
-    return c_function("flash_step", dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                            ctypes.c_void_p])
+    return c_function("flash_step", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                                                    ctypes.c_void_p, ctypes.c_void_p])
 
 
-def lazy_step(dtype: torch.dtype):
+def lazy_step(device: torch.device, dtype: torch.dtype):
     """Called as step(y_DL_ptr, rho_rev_ptr, D, L, t, y_ptr, z_ptr), at batch 1."""
-    return c_function("lazy_step", dtype, [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 3,
-                                           ctypes.c_void_p, ctypes.c_void_p])
+    return c_function("lazy_step", device, dtype, [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 3,
+                                                   ctypes.c_void_p, ctypes.c_void_p])
 
 
 def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, acc: torch.Tensor, ys: torch.Tensor):
     """A slot's arguments for the C step: A, Y (b, B, D), rho (b, D), acc (D, B, acc_len), ys (D, B, L), all
     contiguous. The caller keeps the tensors alive as long as the returned structure."""
-    tensors = (A, Y, rho, acc, ys)
-    if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == A.dtype for t in tensors):
-        raise ValueError("the C flash step needs contiguous CPU tensors of one dtype")
     b, B, D = A.shape
-    _, ctype = CTYPES[A.dtype]
-    pointers = [ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype)) for t in tensors]
+    ctype, pointers = _pointers((A, Y, rho, acc, ys), "the C flash step")
     cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "acc", "ys"), ("b", "B", "D", "L", "acc_len"))
     return cls(*pointers, b, B, D, ys.shape[-1], acc.shape[-1])
+
+
+def _pointers(tensors: tuple[torch.Tensor, ...], what: str):
+    """The C type of the tensors' dtype and a pointer to each one's data (contiguous CPU tensors of one dtype)."""
+    if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == tensors[0].dtype for t in tensors):
+        raise ValueError(f"{what} needs contiguous CPU tensors of one dtype")
+    _, ctype = CTYPES[tensors[0].dtype]
+    return ctype, [ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype)) for t in tensors]
 
 
 @functools.cache
@@ -115,9 +123,9 @@ def _struct(name: str, ctype, pointers: tuple[str, ...], ints: tuple[str, ...], 
                                             + [(i, ctypes.c_int64) for i in ints] + [(r, ctype) for r in reals]})
 
 
-def block_exit(dtype: torch.dtype):
+def block_exit(device: torch.device, dtype: torch.dtype):
     """Called as exit(args_address, x_ptr, z_ptr, gate_ptr, out_ptr, u_ptr); see `block_exit_args`."""
-    return c_function("block_exit", dtype, [ctypes.c_void_p] * 6)
+    return c_function("block_exit", device, dtype, [ctypes.c_void_p] * 6)
 
 
 EXIT_POINTERS = ("out_w", "out_b", "w1", "w2", "in_w", "in_b", "conv_w", "conv_b", "ring", "scratch")
@@ -132,10 +140,6 @@ def block_exit_args(post: tuple[torch.Tensor, ...], entry: tuple[torch.Tensor, .
     B, K, G, D = ring_BKGD.shape
     H = w1.shape[1]
     scratch = out_w.new_empty(3 * D + H + G * D)
-    tensors = (*post, *entry, ring_BKGD, scratch)
-    if not all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == out_w.dtype for t in tensors):
-        raise ValueError("the C block_exit needs contiguous CPU tensors of one dtype")
-    _, ctype = CTYPES[out_w.dtype]
+    ctype, pointers = _pointers((*post, *entry, ring_BKGD, scratch), "the C block_exit")
     cls = _struct("BlockExit", ctype, EXIT_POINTERS, ("B", "D", "H", "C", "K"), ("D_eps",))
-    pointers = [ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype)) for t in tensors]
     return cls(*pointers, B, D, H, G * D, K, D_eps), scratch

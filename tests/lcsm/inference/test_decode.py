@@ -76,7 +76,7 @@ def test_native_decode_in_float32_and_its_logits_are_fresh(tokens):
 
 
 def test_native_decode_without_a_compiler_names_the_other_decodes(model, monkeypatch):
-    monkeypatch.setattr(native, "block_exit", lambda dtype: None)
+    monkeypatch.setattr(native, "block_exit", lambda device, dtype: None)
     with pytest.raises(CompileError, match=r"needs float32 or float64 on a CPU and a C compiler .*--decode eager or "
                                            r"compiled"):
         new_decode_state(model, "lazy", 2, decode="native")
