@@ -2,14 +2,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import lcsm.bench
 import lcsm.generate
 import lcsm.hyena
 from lcsm.inference import bench, generate
 from lcsm.model import spec
+from tests.launch import run_module
 
 
 def test_top_level_modules_are_the_inference_and_model_ones():
@@ -20,8 +19,7 @@ def test_top_level_modules_are_the_inference_and_model_ones():
 def test_python_m_lcsm_bench_runs(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     argv = ["--parts", "mixer", "--lengths", "8", "--methods", "lazy", "--batch", "1", "--out", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-m", "lcsm.bench", *argv], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = run_module("lcsm.bench", argv, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = json.loads((tmp_path / "results.json").read_text())
     assert (record["method"], record["seq_len"]) == ("lazy", 8) and record["max_abs_err"] < 1e-5

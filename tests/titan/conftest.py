@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch import run_module
+
 # A small but real run: the debug Llama shortened to 2 layers, short sequences, fp32 for exact comparisons.
 TINY = [
     "--model.n_layers", "2",
@@ -22,21 +24,21 @@ TINY = [
 
 
 def run_train(args, nproc=1, check=True, timeout=300, module="titan.train", fault="", max_restarts=0):
-    """`fault`: TITAN_FAULT for the run; `max_restarts` > 0: an elastic torchrun job that restarts failed workers."""
+    """`fault`: TITAN_FAULT for the run; `max_restarts` > 0: an elastic torchrun job that restarts failed workers.
+
+    Other runs are forked with torch already imported (tests/launch.py); tests/titan/tools/test_signals.py and the
+    elastic ones run under torchrun itself."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TITAN_FAULT": fault}
     if max_restarts:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
                "-m", module, *args]
-    elif nproc == 1:
-        cmd = [sys.executable, "-m", module, *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", module, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = run_module(module, args, env, nproc=nproc, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"{' '.join(proc.args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
 

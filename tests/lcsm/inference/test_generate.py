@@ -1,6 +1,4 @@
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -8,6 +6,7 @@ import torch
 from lcsm.inference.decode import new_decode_state
 from lcsm.inference.generate import generate, main
 from lcsm.model.hyena import HyenaArgs, HyenaLM
+from tests.launch import run_module
 
 ARGS = HyenaArgs(dim=8, n_layers=2, vocab_size=64, max_seq_len=40, filter_emb_dim=5, filter_hidden=8)
 
@@ -64,8 +63,7 @@ def test_cli_user_mistakes_exit_2(capsys, argv, message):
 
 def test_cli_generates_with_every_engine():
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "lcsm.generate", "--engine", "all", "--max-new-tokens", "4"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_module("lcsm.generate", ["--engine", "all", "--max-new-tokens", "4"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens identical across lazy, eager, recompute, flash: True" in proc.stdout
 

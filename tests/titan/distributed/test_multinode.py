@@ -1,19 +1,13 @@
 """Two torchrun launchers on loopback act as two nodes: the same command trains as one job."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests.launch import free_port
 from tests.titan.conftest import TINY, read_metrics, run_train
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_match_one_process(tmp_path):

@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
+from tests.launch import run_module
 from titan.config import parse_args
 from titan.estimate.dry_run import Hardware, estimate, main, resolve_model_args
 from titan.models import get_model_spec
@@ -105,9 +104,8 @@ def test_impossible_layout_fails_with_one_line(args, message, capsys, tmp_path):
 def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "titan.estimate", "--config", f"{CONFIGS}/llama3_405b_3d_est.toml",
-         "--job.dump_folder", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    proc = run_module("titan.estimate", ["--config", f"{CONFIGS}/llama3_405b_3d_est.toml", "--job.dump_folder",
+                                         str(tmp_path)], env, timeout=120)
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert elapsed < 60
