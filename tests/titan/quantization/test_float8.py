@@ -9,12 +9,14 @@ instead of its bf16 copy, so the two differ by float8 rounding, ~1e-3 here).
 """
 
 import json
+import os
 import sys
 
 import pytest
 import torch
 from torch import nn
 
+from tests.launch import run_module
 from tests.titan.conftest import losses, run_train
 from titan.config.job_config import Float8
 from titan.models.llama3.flavors import llama3_flavors
@@ -162,55 +164,31 @@ def test_float8_all_gather_weight_is_checkpointed_as_its_plain_tensor(tmp_path):
     assert type(loaded) is torch.Tensor and torch.equal(loaded, weight)
 
 
-def run_threaded(world_size: int, fn) -> None:
-    """`fn` on `world_size` threads, each a rank of torch's in-process "threaded" process group: real collectives
-    with no process start-up (a 4-rank gloo job takes ~10 s to start on 2 cores)."""
-    import threading
-
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.multi_threaded_pg import (
-        ProcessLocalGroup,
-        ThreadLocalWorld,
-        _install_threaded_pg,
-        _uninstall_threaded_pg,
-    )
-
-    if not hasattr(ThreadLocalWorld, "comms"):
-        pytest.skip(f"torch {torch.__version__}'s threaded process group cannot be destroyed (its world has no "
-                    "`comms`), and the next threaded run then crashes: these tests need a newer torch")
-
-    errors, store = [], dist.HashStore()
-
-    def rank_main(rank: int) -> None:
-        dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            errors.append(e)
-            ProcessLocalGroup.exception_handle(e)  # wakes the ranks waiting in a collective
-        finally:
-            dist.destroy_process_group()
-
-    _install_threaded_pg()
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
-    try:
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world_size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        ProcessLocalGroup.reset()
-        _uninstall_threaded_pg()
-        torch._C._distributed_c10d._set_thread_isolation_mode(False)
-    if errors:
-        raise errors[0]
+def run_ranks(case: str, nproc: int, folder) -> list:
+    """What `case` returned on each of `nproc` ranks of a gloo job (this module's __main__ runs it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = run_module("tests.titan.quantization.test_float8", ["case", case, str(folder)], env, nproc=nproc,
+                      timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(nproc)]
 
 
-def test_fsdp_float8_all_gather_with_tensor_parallel_is_exact():
-    """FSDP 2 x TP 2 (TorchTitan's 405B recipe enables both): gathering the weights in float8 gives the outputs and
-    gradients of gathering them in fp32, bit for bit, because the scale is the whole weight's; the TP halves
-    differ 64x in magnitude, so per-TP-shard scales would not (checked: 4e-6 off)."""
+def _two_linears(w1: torch.Tensor, w2: torch.Tensor, use_scaled_mm: bool = False) -> nn.Sequential:
+    model = nn.Sequential(Float8Linear(32, 64, bias=False, use_scaled_mm=use_scaled_mm), nn.ReLU(),
+                          Float8Linear(64, 32, bias=False, use_scaled_mm=use_scaled_mm))
+    with torch.no_grad():
+        model[0].weight.copy_(w1)
+        model[2].weight.copy_(w2)
+    return model
+
+
+def _plain(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Plain tensors, which a safe torch.load reads (TP's outputs are async collective tensors until waited)."""
+    return [t.detach().clone() for t in tensors]
+
+
+def _fsdp_tp_all_gather_case() -> tuple[list, list]:
+    """On one rank of 4: outputs and gradients of FSDP 2 x TP 2, weights gathered in fp32, then in float8."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -219,13 +197,10 @@ def test_fsdp_float8_all_gather_with_tensor_parallel_is_exact():
     w1, w2, x = torch.randn(64, 32), torch.randn(32, 64), torch.randn(8, 32)
     w1[32:] /= 64
     w2[:, 32:] /= 64
-    results = {}
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 
-    def run(mesh, all_gather: bool):
-        model = nn.Sequential(Float8Linear(32, 64, bias=False), nn.ReLU(), Float8Linear(64, 32, bias=False))
-        with torch.no_grad():
-            model[0].weight.copy_(w1)
-            model[2].weight.copy_(w2)
+    def run(all_gather: bool) -> list:
+        model = _two_linears(w1, w2)
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         if all_gather:
             assert enable_float8_all_gather(model) == 2
@@ -234,51 +209,51 @@ def test_fsdp_float8_all_gather_with_tensor_parallel_is_exact():
         xg = x.clone().requires_grad_()
         y = model(xg)
         y.sum().backward()  # backward gathers again, into the unsharded DTensor
-        return [y.detach(), xg.grad, *(p.grad.full_tensor() for p in model.parameters())]
+        return _plain([y, xg.grad, *(p.grad.full_tensor() for p in model.parameters())])
 
-    def rank_main():
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        results[torch.distributed.get_rank()] = (run(mesh, False), run(mesh, True))
-
-    with pytest.warns(UserWarning):  # FSDP notes that the modules return views
-        run_threaded(4, rank_main)
-    assert sorted(results) == [0, 1, 2, 3]
-    for plain, fp8 in results.values():
-        assert all(torch.equal(a, b) for a, b in zip(plain, fp8))
+    return run(False), run(True)
 
 
-def test_tensorwise_tensor_parallel_runs_scaled_mm_on_dtensors(monkeypatch):
-    """TP 2 (colwise then rowwise, bf16): every matmul of forward and backward goes through torch._scaled_mm on
-    DTensors (run on the CPU, where it exists), and gives the emulation's outputs and gradients."""
+def _tp_scaled_mm_case() -> dict:
+    """On one rank of 2: TP 2 in bf16 autocast through torch._scaled_mm (counted), then through the emulation."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
     w1, w2, x = torch.randn(64, 32), torch.randn(32, 64), torch.randn(16, 32)
-    calls, results, scaled_mm = [], {}, torch._scaled_mm
-    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: calls.append(type(a[0]).__name__) or scaled_mm(*a, **k))
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    calls, scaled_mm = [], torch._scaled_mm
+    torch._scaled_mm = lambda *a, **k: calls.append(type(a[0]).__name__) or scaled_mm(*a, **k)
 
-    def run(mesh, use_scaled_mm: bool):
-        model = nn.Sequential(Float8Linear(32, 64, bias=False, use_scaled_mm=use_scaled_mm), nn.ReLU(),
-                              Float8Linear(64, 32, bias=False, use_scaled_mm=use_scaled_mm))
-        with torch.no_grad():
-            model[0].weight.copy_(w1)
-            model[2].weight.copy_(w2)
+    def run(use_scaled_mm: bool) -> list:
+        model = _two_linears(w1, w2, use_scaled_mm)
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         xg = x.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = model(xg)
         y.float().sum().backward()
-        return [y.detach(), xg.grad, *(p.grad.full_tensor() for p in model.parameters())]
+        return _plain([y, xg.grad, *(p.grad.full_tensor() for p in model.parameters())])
 
-    def rank_main():
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        results[torch.distributed.get_rank()] = (run(mesh, True), run(mesh, False))
+    return {"hardware": run(True), "emulated": run(False), "calls": calls}
 
-    run_threaded(2, rank_main)
-    assert calls == ["DTensor"] * 12  # 2 ranks x 2 layers x (forward, grad_input, grad_weight)
-    for hardware, emulated in results.values():
-        for a, b in zip(hardware, emulated):
+
+CASES = {"fsdp_tp_all_gather": _fsdp_tp_all_gather_case, "tp_scaled_mm": _tp_scaled_mm_case}
+
+
+def test_fsdp_float8_all_gather_with_tensor_parallel_is_exact(tmp_path):
+    """FSDP 2 x TP 2 (TorchTitan's 405B recipe enables both): gathering the weights in float8 gives the outputs and
+    gradients of gathering them in fp32, bit for bit, because the scale is the whole weight's; the TP halves
+    differ 64x in magnitude, so per-TP-shard scales would not (checked: 4e-6 off)."""
+    for plain, fp8 in run_ranks("fsdp_tp_all_gather", 4, tmp_path):
+        assert all(torch.equal(a, b) for a, b in zip(plain, fp8))
+
+
+def test_tensorwise_tensor_parallel_runs_scaled_mm_on_dtensors(tmp_path):
+    """TP 2 (colwise then rowwise, bf16): every matmul of forward and backward goes through torch._scaled_mm on
+    DTensors (run on the CPU, where it exists), and gives the emulation's outputs and gradients."""
+    for rank in run_ranks("tp_scaled_mm", 2, tmp_path):
+        assert rank["calls"] == ["DTensor"] * 6  # 2 layers x (forward, grad_input, grad_weight)
+        for a, b in zip(rank["hardware"], rank["emulated"]):
             torch.testing.assert_close(a, b)
 
 
@@ -344,7 +319,14 @@ def _worker(out_path: str, train_args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    import torch.distributed as dist
+
     from titan.distributed.runtime import shutdown
 
-    _worker(sys.argv[1], sys.argv[2:])
-    shutdown()
+    if sys.argv[1] == "case":  # a rank of run_ranks
+        dist.init_process_group("gloo")
+        torch.save(CASES[sys.argv[2]](), f"{sys.argv[3]}/rank{dist.get_rank()}.pt")
+        dist.destroy_process_group()
+    else:
+        _worker(sys.argv[1], sys.argv[2:])
+        shutdown()
