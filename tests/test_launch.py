@@ -35,6 +35,15 @@ def test_output_exit_code_argv_and_environment_are_the_processes(script):
     assert "PROBE" not in os.environ, "the child's environment is its own"
 
 
+def test_our_packages_are_imported_fresh_in_each_process_and_torch_is_preloaded(script):
+    module = script(
+        "import sys\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'titan', 'lcsm', 'morphens', 'tests'}),"
+        " 'torch' in sys.modules)\n"
+    )
+    assert run_module(module, [], ENV).stdout == "['tests'] True\n"  # tests.launch: the child's own entry
+
+
 def test_an_exception_prints_its_traceback_and_exits_1(script):
     proc = run_module(script("raise ValueError('boom')\n"), [], ENV)
     assert proc.returncode == 1
