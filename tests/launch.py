@@ -12,6 +12,7 @@ so does an elastic job, which needs torchrun's agent.
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import multiprocessing
 import multiprocessing.connection
@@ -41,25 +42,22 @@ TERMINATE_GRACE_S = 30
 
 SERVER_ENV = dict(os.environ)
 """The server's environment: the suite's as it started, before any test changed it."""
-_context = None
 _warned: set[tuple[str, ...]] = set()
 
 
+@functools.cache
 def _forkserver():
-    global _context
-    if _context is None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(PRELOAD)
-        current = dict(os.environ)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    current = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(SERVER_ENV)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
         os.environ.clear()
-        os.environ.update(SERVER_ENV)
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(current)
-        _context = context
-    return _context
+        os.environ.update(current)
+    return context
 
 
 def _forkable(env: dict[str, str]) -> bool:
