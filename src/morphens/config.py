@@ -24,12 +24,14 @@ class Data:
     """Evaluate on a fixed random subset of this many test images (0 = all)."""
     augment: bool = True
     """Standard augmentation: random shifts, plus horizontal flips where they keep the label."""
+    bootstrap: int = 0
+    """Train on a resample, with replacement, of the training subset drawn with this seed (0 = the subset itself)."""
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
             raise ValueError(f"data.dataset: unknown {self.dataset!r}; choose one of {', '.join(DATASETS)}")
-        if self.train_limit < 0 or self.test_limit < 0:
-            raise ValueError("data.train_limit and data.test_limit must be >= 0 (0 = all)")
+        if self.train_limit < 0 or self.test_limit < 0 or self.bootstrap < 0:
+            raise ValueError("data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = off)")
 
 
 @dataclass
@@ -88,6 +90,9 @@ class MotherNet:
     warm-restart cycles of snapshot_epochs, each from the last; the j-th member of a cluster hatches from cycle j."""
     snapshot_epochs: float = 2.0
     """Epochs of each warm-restart cycle (peak training.lr, cosine to zero); counted in the mother's cost."""
+    bagging: bool = False
+    """Each hatched member trains on its own bootstrap resample of the training subset: diversity from the data,
+    at no extra cost, where snapshot cycles buy it with mother epochs."""
     batch_size: int = 0
     """Batch size of the mother and its snapshot cycles (0 = training.batch_size). A small net's step costs
     about as much wall time as a member's on CPU (fixed per-op costs), so a mother pays off in fewer, larger steps."""

@@ -125,7 +125,7 @@ class Loader:
     """
 
     def __init__(self, data: Dataset, batch_size: int, split: str = "train", augmented: bool = True,
-                 seed: int = 0, rank: int = 0, world: int = 1, limit: int = 0):
+                 seed: int = 0, rank: int = 0, world: int = 1, limit: int = 0, bootstrap: int = 0):
         if split not in ("train", "test", "validation"):
             raise ValueError(f"split must be train or validation, got {split!r}")
         self.data, self.batch_size, self.train = data, batch_size, split == "train"
@@ -133,6 +133,9 @@ class Loader:
         if limit:  # a fixed random subset, the same for every rank and member
             keep = torch.randperm(len(self.y), generator=torch.Generator().manual_seed(0))[:limit]
             self.x, self.y = self.x[keep], self.y[keep]
+        if bootstrap and self.train:
+            drawn = torch.randint(len(self.y), (len(self.y),), generator=torch.Generator().manual_seed(bootstrap))
+            self.x, self.y = self.x[drawn], self.y[drawn]
         self.augmented, self.seed, self.rank, self.world = augmented and self.train, seed, rank, world
         self.epoch = self.step = 0
 

@@ -21,8 +21,8 @@ from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.distributed.runtime import init_distributed
 from titan.tools.cli import check_writable
 
-INDEPENDENT, MOTHER, SNAPSHOT, HATCHED = range(4)
-"""Roles in the data-order seeds of a run's trainings: `derived_seed(training.seed, role, *indices)`."""
+INDEPENDENT, MOTHER, SNAPSHOT, HATCHED, BAGGED = range(5)
+"""Roles in the seeds of a run's data orders and resamples: `derived_seed(training.seed, role, *indices)`."""
 TIME_PARTS = ("mother_s", "snapshots_s", "hatch_s", "members_s")
 """MotherNets' wall time in parts (`time` in its record; each has a `_cpu_s` twin): the mothers' first training,
 their snapshot cycles, hatching, and the hatched (or lone) members' training."""
@@ -118,7 +118,8 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         start, cpu_start = time.perf_counter(), time.process_time()
         child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
         hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-        run = fit(child, data, cfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
+        bag = replace(cfg, data=replace(cfg.data, bootstrap=derived_seed(t.seed, BAGGED, i) or 1)) if m.bagging else cfg
+        run = fit(child, data, bag, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
                   f"hatched-{i}-of-{len(members)}", spreading(cfg))
         mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
         mine[i].update(hatch_s=hatch_s, hatch_cpu_s=hatch_cpu_s)

@@ -26,14 +26,15 @@ FLAVORS = {
     "fashion_vgg": VGG((1, 28, 28), 10, ((Conv(16), Conv(16, 5)), (Conv(32), Conv(32)), (Conv(64),))),
     "cifar_resnet": ResNet((3, 32, 32), 10, (Stage(32, (32,)), Stage(64, (64,)), Stage(128, (128,)))),
 }
-DATA_OPTIONS = {"train_limit": int, "test_limit": int, "augment": lambda v: v.lower() in ("1", "true")}
+DATA_OPTIONS = {"train_limit": int, "test_limit": int, "bootstrap": int,
+                "augment": lambda v: v.lower() in ("1", "true")}
 
 
 def dataset_uri(cfg: RunConfig) -> str:
     """`training.dataset` for titan: the dataset name with this run's data options."""
     d = cfg.data
     return f"{d.dataset}?" + urlencode({"train_limit": d.train_limit, "test_limit": d.test_limit,
-                                        "augment": str(d.augment).lower()})
+                                        "bootstrap": d.bootstrap, "augment": str(d.augment).lower()})
 
 
 def parse_dataset_uri(uri: str) -> tuple[str, dict]:
@@ -51,7 +52,8 @@ def build_dataloader(job_config, dp_rank: int, dp_degree: int, tokenizer=None, s
     data = load(name, job_config.training.dataset_path)
     limit = options.get("train_limit" if split == "train" else "test_limit", 0)
     return Loader(data, job_config.training.local_batch_size, split=split, augmented=options.get("augment", True),
-                  seed=job_config.debug.seed, rank=dp_rank, world=dp_degree, limit=limit)
+                  seed=job_config.debug.seed, rank=dp_rank, world=dp_degree, limit=limit,
+                  bootstrap=options.get("bootstrap", 0))
 
 
 def accuracy(pred: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:

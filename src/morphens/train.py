@@ -69,7 +69,8 @@ def _train_local(net: Net, data: Dataset, cfg: RunConfig, steps: int, lr: float,
     t = cfg.training
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps))
-    batches = iter(Loader(data, t.batch_size, augmented=cfg.data.augment, seed=seed, limit=cfg.data.train_limit))
+    batches = iter(Loader(data, t.batch_size, augmented=cfg.data.augment, seed=seed, limit=cfg.data.train_limit,
+                          bootstrap=cfg.data.bootstrap))
     for _ in range(steps):
         x, y = next(batches)
         loss = F.cross_entropy(model(x), y)

@@ -51,6 +51,21 @@ def test_ranks_see_disjoint_shares_and_test_split_is_one_pass():
     assert sum(len(y) for _, y in test) == len(data.test_y) and len(test) == 4
 
 
+def test_bootstrap_resamples_the_training_subset_with_replacement():
+    data = load("digits")
+    subset = next(iter(Loader(data, 256, augmented=False, limit=256)))[0]
+    epochs = {seed: next(iter(Loader(data, 256, augmented=False, limit=256, bootstrap=seed)))[0] for seed in (1, 2)}
+    for x in epochs.values():
+        rows = {tuple(r.tolist()) for r in x.flatten(1)}
+        assert rows <= {tuple(r.tolist()) for r in subset.flatten(1)}
+        assert 140 < len(rows) < 190  # a resample of n keeps about 1 - 1/e of the distinct images (162 of 256)
+    assert not torch.equal(epochs[1], epochs[2])
+    again = next(iter(Loader(data, 256, augmented=False, limit=256, bootstrap=1)))[0]
+    assert torch.equal(again, epochs[1])
+    test = torch.cat([y for _, y in Loader(data, 100, split="test", bootstrap=1)])
+    assert torch.equal(test, data.test_y)
+
+
 def test_augment_shifts_and_flips_whole_images():
     x = torch.arange(2 * 1 * 5 * 5.0).view(2, 1, 5, 5) + 1
     out = augment(x, 1, True, torch.Generator().manual_seed(0))

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from morphens import experiment
+from morphens import experiment, spec, train
 from morphens.arch import forward_flops
 from morphens.config import load_config
 from morphens.experiment import independent, mothernets, prepare
@@ -89,6 +89,27 @@ def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tm
     independent(cfg, data, members, labels)
     mothernets(cfg, data, members, labels)
     assert len(seeds) == 12 + 12 + 12 and len(set(seeds)) == len(seeds)
+
+
+@pytest.mark.parametrize("engine", ["local", "titan"])
+def test_bagging_trains_each_hatched_member_on_its_own_resample(monkeypatch, tmp_path, engine):
+    """mothernet.bagging: the hatched members draw distinct bootstrap resamples; the mother keeps the subset."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "3", "mothernet.mother_epochs": "0.1",
+                                                      "mothernet.bagging": "true", "training.engine": engine})
+    resamples = {}
+    module = train if engine == "local" else spec
+    real_loader = module.Loader
+
+    def spy(*args, bootstrap=0, **kw):
+        loader = real_loader(*args, bootstrap=bootstrap, **kw)
+        if loader.train:
+            resamples.setdefault(bootstrap, loader.y)
+        return loader
+
+    monkeypatch.setattr(module, "Loader", spy)
+    mothernets(cfg, data, members, eval_labels(data))
+    assert 0 in resamples and len(resamples) == 1 + 3  # the mother's subset, then one resample per member
+    assert len({tuple(y.tolist()) for y in resamples.values()}) == 4
 
 
 def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):

@@ -54,8 +54,8 @@ def test_flavors_build_on_meta_and_run(flavor):
 
 
 def test_dataset_uri():
-    assert parse_dataset_uri("fashion_mnist?train_limit=100&augment=false") == (
-        "fashion_mnist", {"train_limit": 100, "augment": False})
+    assert parse_dataset_uri("fashion_mnist?train_limit=100&bootstrap=7&augment=false") == (
+        "fashion_mnist", {"train_limit": 100, "bootstrap": 7, "augment": False})
     with pytest.raises(ValueError, match="unknown option 'crop'"):
         parse_dataset_uri("digits?crop=2")
     assert isinstance(Net(MEMBER), SPEC.build_model)
