@@ -31,7 +31,8 @@ class Data:
         if self.dataset not in DATASETS:
             raise ValueError(f"data.dataset: unknown {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         if self.train_limit < 0 or self.test_limit < 0 or self.bootstrap < 0:
-            raise ValueError("data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = all images, no resample)")
+            raise ValueError("data.train_limit, data.test_limit and data.bootstrap must be >= 0 "
+                             "(0 = all images, no resample)")
 
 
 @dataclass

