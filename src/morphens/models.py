@@ -12,12 +12,15 @@ from torch import nn
 
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
 
+BN_EPS = 1e-5
+"""Every BatchNorm's eps (the identity layers that morphisms insert are built with it)."""
+
 
 class ConvBN(nn.Module):
     def __init__(self, c_in: int, c_out: int, kernel: int):
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False)
-        self.bn = nn.BatchNorm2d(c_out)
+        self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.bn(self.conv(x)))
@@ -27,7 +30,7 @@ class LinearBN(nn.Module):
     def __init__(self, c_in: int, c_out: int):
         super().__init__()
         self.fc = nn.Linear(c_in, c_out, bias=False)
-        self.bn = nn.BatchNorm1d(c_out)
+        self.bn = nn.BatchNorm1d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.bn(self.fc(x)))
@@ -37,9 +40,9 @@ class ResBlock(nn.Module):
     def __init__(self, width: int, inner: int):
         super().__init__()
         self.conv1 = nn.Conv2d(width, inner, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(inner)
+        self.bn1 = nn.BatchNorm2d(inner, eps=BN_EPS)
         self.conv2 = nn.Conv2d(inner, width, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
+        self.bn2 = nn.BatchNorm2d(width, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))

@@ -7,16 +7,16 @@ the replicated batch statistics), and so are new residual blocks (their last Bat
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from morphens.arch import MLP, VGG, Arch, Conv, ResNet, Stage, describe
-from morphens.models import Net
+from morphens.models import BN_EPS, Net
 
 BN = ("weight", "bias", "running_mean", "running_var")
+State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -103,56 +103,70 @@ def _child(parent: Net, arch: Arch, state: dict[str, torch.Tensor], gen: torch.G
     return child.train(parent.training)
 
 
-def widen(parent: Net, key: tuple, width: int, gen: torch.Generator | None = None) -> Net:
-    """Net2Wider: new channels replicate random existing ones; consumers divide their weights by replica counts."""
-    table = units(parent.arch)
+def _widened(arch: Arch, state: State, key: tuple, width: int, gen: torch.Generator | None) -> tuple[Arch, State]:
+    table = units(arch)
     if key not in table:
-        raise ValueError(f"widen: {describe(parent.arch)} has no unit {key}; it has {sorted(table)}")
+        raise ValueError(f"widen: {describe(arch)} has no unit {key}; it has {sorted(table)}")
     unit = table[key]
     if width < unit.width:
         raise ValueError(f"widen {key}: cannot narrow {unit.width} -> {width} channels (morphisms only grow)")
     source = torch.cat([torch.arange(unit.width), torch.randint(unit.width, (width - unit.width,), generator=gen)])
     replicas = torch.bincount(source, minlength=unit.width)[source]
-    state = parent.state_dict()
-    new = {name: state[name].index_select(0, source) for name in unit.rows}
-    for name in unit.cols:
+    # A name missing from `state` belongs to a residual block that hatch has added but not yet initialized.
+    new = {name: state[name].index_select(0, source) for name in unit.rows if name in state}
+    for name in (n for n in unit.cols if n in state):
         w = state[name].index_select(1, source)
         new[name] = w / replicas.to(w).view(1, -1, *[1] * (w.dim() - 2))
-    return _child(parent, _with_width(parent.arch, key, width), {**state, **new}, gen)
+    return _with_width(arch, key, width), {**state, **new}
+
+
+def widen(parent: Net, key: tuple, width: int, gen: torch.Generator | None = None) -> Net:
+    """Net2Wider: new channels replicate random existing ones; consumers divide their weights by replica counts."""
+    return _child(parent, *_widened(parent.arch, parent.state_dict(), key, width, gen), gen)
 
 
 class _Seen(Exception):
-    """Carries a submodule's output out of a forward pass that need not go on."""
+    """Ends a forward pass that need not go on."""
 
 
 @torch.no_grad()
-def _channel_stats(parent: Net, path: str, calib: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and (biased) variance of submodule `path`'s output on `calib`, in train mode as training
-    will see it (on a copy: train mode updates BatchNorm statistics)."""
-    model = copy.deepcopy(parent).train()
+def _channel_stats(parent: Net, paths: list[str], calib: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-channel mean and (biased) variance of each submodule in `paths` on `calib`, in train mode as training
+    will see it (train mode updates BatchNorm statistics: those of copies, so `parent` keeps its own)."""
+    stats = {}
 
-    def stop(module: torch.nn.Module, inputs: tuple, out: torch.Tensor) -> None:
-        raise _Seen(out)  # the layers after `path` would only cost time
+    def record(path: str, out: torch.Tensor) -> None:
+        dims = [d for d in range(out.dim()) if d != 1]
+        stats[path] = out.mean(dims), out.var(dims, unbiased=False)
+        if len(stats) == len(paths):
+            raise _Seen()  # the layers after the last of `paths` would only cost time
 
-    model.get_submodule(path).register_forward_hook(stop)
+    hooks = [parent.get_submodule(path).register_forward_hook(lambda m, i, out, path=path: record(path, out))
+             for path in paths]
+    was_training = parent.training
+    parent.train()
+    weights = {**dict(parent.named_parameters()), **{k: v.clone() for k, v in parent.named_buffers()}}
     try:
-        model(calib)
-    except _Seen as seen:
-        out = seen.args[0]
-    dims = [d for d in range(out.dim()) if d != 1]
-    return out.mean(dims), out.var(dims, unbiased=False)
+        torch.func.functional_call(parent, weights, (calib,))
+    except _Seen:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+        parent.train(was_training)
+    return stats
 
 
-def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = None,
-           calib: torch.Tensor | None = None, gen: torch.Generator | None = None) -> Net:
-    """Net2Deeper: appends an identity layer to VGG block `block` (with `kernel`) or the MLP's hidden layers, or a
-    residual block of inner width `inner` (default: the stage width) to ResNet stage `block`.
+def _producer(arch: Arch, block: int) -> str:
+    """The layer whose output an identity layer appended to `block` (VGG block or MLP's hidden stack) takes in."""
+    return f"layers.{block}.{len(arch.blocks[block]) - 1}" if isinstance(arch, VGG) else \
+        f"layers.{len(arch.hidden) - 1}"
 
-    The new BatchNorm is the identity in eval mode. With a calibration batch it also takes the train-mode batch
-    statistics of its input, so that in train mode it is the identity on that batch and close to it on others.
-    """
-    arch = parent.arch
-    state = parent.state_dict()
+
+def _deepened(arch: Arch, state: State, block: int, kernel: int, inner: int | None,
+              stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[Arch, State]:
+    """deepen on (arch, state); `stats` are the producer's train-mode channel statistics (None: mean 0, var 1).
+    A new residual block gets only its zero last BatchNorm: its other weights are initialized when built."""
     ref = state["head.weight"]
     count = len(arch.blocks if isinstance(arch, VGG) else arch.stages if isinstance(arch, ResNet) else [0])
     if not 0 <= block < count:
@@ -163,36 +177,45 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
         stages[block] = Stage(stage.width, (*stage.blocks, inner or stage.width))
         name = f"layers.{block}.blocks.{len(stage.blocks)}.bn2"
         zero = ref.new_zeros(stage.width)
-        return _child(parent, replace(arch, stages=tuple(stages)), {**state, f"{name}.weight": zero,
-                                                                  f"{name}.bias": zero}, gen)
+        return replace(arch, stages=tuple(stages)), {**state, f"{name}.weight": zero, f"{name}.bias": zero}
     if isinstance(arch, VGG):
         last = arch.blocks[block][-1]
         blocks = list(arch.blocks)
         blocks[block] = (*blocks[block], Conv(last.width, kernel))
         child_arch, width = replace(arch, blocks=tuple(blocks)), last.width
-        name, producer = f"layers.{block}.{len(arch.blocks[block])}", f"layers.{block}.{len(arch.blocks[block]) - 1}"
+        name = f"layers.{block}.{len(arch.blocks[block])}"
         eye = ref.new_zeros(width, width, kernel, kernel)
         eye[torch.arange(width), torch.arange(width), kernel // 2, kernel // 2] = 1
         new = {f"{name}.conv.weight": eye}
     else:
         width = arch.hidden[-1]
         child_arch, name = replace(arch, hidden=(*arch.hidden, width)), f"layers.{len(arch.hidden)}"
-        producer = f"layers.{len(arch.hidden) - 1}"
         new = {f"{name}.fc.weight": torch.eye(width, dtype=ref.dtype, device=ref.device)}
     # In the parent's dtype throughout: BatchNorm divides by sqrt(var + eps) in that dtype, so a weight of
     # sqrt(1 + eps) rounded in float32 would leave a float64 hatch off by ~1e-8 per inserted layer.
-    mean, var = (_channel_stats(parent, producer, calib) if calib is not None
-                 else (ref.new_zeros(width), ref.new_ones(width)))
-    eps = parent.get_submodule(producer).bn.eps
+    mean, var = stats if stats is not None else (ref.new_zeros(width), ref.new_ones(width))
     new |= {f"{name}.bn.running_mean": mean, f"{name}.bn.running_var": var,
-            f"{name}.bn.weight": (var + eps).sqrt(), f"{name}.bn.bias": mean,
+            f"{name}.bn.weight": (var + BN_EPS).sqrt(), f"{name}.bn.bias": mean,
             f"{name}.bn.num_batches_tracked": torch.zeros((), dtype=torch.long)}  # as a fresh BatchNorm's
-    return _child(parent, child_arch, {**state, **new}, gen)
+    return child_arch, {**state, **new}
 
 
-def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
-    """Zero-pads a VGG conv's kernel to `kernel` (padding grows with it, so outputs are unchanged)."""
-    arch = parent.arch
+def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = None,
+           calib: torch.Tensor | None = None, gen: torch.Generator | None = None) -> Net:
+    """Net2Deeper: appends an identity layer to VGG block `block` (with `kernel`) or the MLP's hidden layers, or a
+    residual block of inner width `inner` (default: the stage width) to ResNet stage `block`.
+
+    The new BatchNorm is the identity in eval mode. With a calibration batch it also takes the train-mode batch
+    statistics of its input, so that in train mode it is the identity on that batch and close to it on others.
+    """
+    stats = None
+    if calib is not None and not isinstance(parent.arch, ResNet):
+        producer = _producer(parent.arch, block)
+        stats = _channel_stats(parent, [producer], calib)[producer]
+    return _child(parent, *_deepened(parent.arch, parent.state_dict(), block, kernel, inner, stats), gen)
+
+
+def _kernel_grown(arch: Arch, state: State, block: int, layer: int, kernel: int) -> tuple[Arch, State]:
     if not isinstance(arch, VGG):
         raise ValueError(f"grow_kernel: only VGG-style nets have variable kernels, not {arch.family}")
     old = arch.blocks[block][layer]
@@ -201,10 +224,13 @@ def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
     blocks = [list(b) for b in arch.blocks]
     blocks[block][layer] = Conv(old.width, kernel)
     name = f"layers.{block}.{layer}.conv.weight"
-    state = parent.state_dict()
     pad = (kernel - old.kernel) // 2
-    grown = F.pad(state[name], (pad, pad, pad, pad))
-    return _child(parent, replace(arch, blocks=tuple(map(tuple, blocks))), {**state, name: grown}, None)
+    return replace(arch, blocks=tuple(map(tuple, blocks))), {**state, name: F.pad(state[name], (pad,) * 4)}
+
+
+def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
+    """Zero-pads a VGG conv's kernel to `kernel` (padding grows with it, so outputs are unchanged)."""
+    return _child(parent, *_kernel_grown(parent.arch, parent.state_dict(), block, layer, kernel), None)
 
 
 def _spread(w: torch.Tensor) -> torch.Tensor:
@@ -214,22 +240,28 @@ def _spread(w: torch.Tensor) -> torch.Tensor:
     return std if std > 0 else w.pow(2).mean().sqrt()
 
 
-@torch.no_grad()
 def add_noise(parent: Net, amount: float, calib: torch.Tensor, gen: torch.Generator | None = None,
               tolerance: float = 0.02) -> Net:
     """Symmetry breaking: adds Gaussian noise to every conv/linear weight (each scaled by `_spread` of it),
     sized so the eval-mode logits on `calib` move by `amount` relative RMS (within `tolerance` of it)."""
     if amount < 0:
         raise ValueError(f"noise: amount must be >= 0, got {amount}")
-    state = parent.state_dict()
-    names = [n for n, p in parent.named_parameters() if p.dim() > 1]
+    return _noised(_child(parent, parent.arch, parent.state_dict(), None), amount, calib, gen, tolerance)
+
+
+@torch.no_grad()
+def _noised(net: Net, amount: float, calib: torch.Tensor, gen: torch.Generator | None,
+            tolerance: float = 0.02) -> Net:
+    """add_noise in place, on a net that nothing else holds."""
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    names = [n for n, p in net.named_parameters() if p.dim() > 1]
     direction = {n: torch.randn(state[n].shape, generator=gen).to(state[n]) * _spread(state[n]) for n in names}
-    child = _child(parent, parent.arch, state, None).eval()
-    reference = child(calib)
+    training = net.training
+    reference = net.eval()(calib)
 
     def moved(scale: float) -> float:
-        child.load_state_dict({**state, **{n: state[n] + scale * direction[n] for n in names}})
-        return float((child(calib) - reference).pow(2).mean().sqrt() / reference.pow(2).mean().sqrt())
+        net.load_state_dict({**state, **{n: state[n] + scale * direction[n] for n in names}})
+        return float((net(calib) - reference).pow(2).mean().sqrt() / reference.pow(2).mean().sqrt())
 
     scale = amount
     for _ in range(8):  # logits move almost linearly with a small scale: rescaling converges in a few steps
@@ -237,7 +269,7 @@ def add_noise(parent: Net, amount: float, calib: torch.Tensor, gen: torch.Genera
         if amount == 0 or abs(got / amount - 1) <= tolerance:
             break
         scale *= amount / max(got, 1e-12)
-    return child.train(parent.training)
+    return net.train(training)
 
 
 def check_reachable(mother: Arch, member: Arch) -> None:
@@ -283,38 +315,56 @@ def check_reachable(mother: Arch, member: Arch) -> None:
                                  f"(needs width >= {m.width}" + (f", kernel >= {m.kernel})" if i < len(mb) else ")"))
 
 
-def _grown(net: Net, key: tuple, width: int, gen: torch.Generator) -> Net:
-    return net if units(net.arch)[key].width == width else widen(net, key, width, gen)
+def _grown(arch: Arch, state: State, key: tuple, width: int, gen: torch.Generator) -> tuple[Arch, State]:
+    return (arch, state) if units(arch)[key].width == width else _widened(arch, state, key, width, gen)
+
+
+def _identity_stats(mother: Net, member: Arch, calib: torch.Tensor | None) -> dict[int, tuple[torch.Tensor, ...]]:
+    """By block: the train-mode statistics on `calib` of the mother's layer that `member`'s identity layers follow
+    (one forward pass of the mother; none without `calib`)."""
+    ours, theirs = ((mother.arch.blocks, member.blocks) if isinstance(member, VGG)
+                    else ((mother.arch.hidden,), (member.hidden,)))
+    deeper = {b: _producer(mother.arch, b) for b, (m, t) in enumerate(zip(ours, theirs)) if len(t) > len(m)}
+    if calib is None or not deeper:
+        return {}
+    stats = _channel_stats(mother, list(deeper.values()), calib)
+    return {b: stats[path] for b, path in deeper.items()}
 
 
 def hatch(mother: Net, member: Arch, noise: float = 0.0, seed: int = 0,
           calib: torch.Tensor | None = None) -> Net:
-    """Grows `mother` into `member`: deepen, grow kernels, widen, then optional noise (needs `calib`)."""
+    """Grows `mother` into `member`: deepen, grow kernels, widen, then optional noise (needs `calib`).
+
+    The morphisms compose on state dicts and the member is built once. Identity layers are calibrated with the
+    mother's statistics at their place: every morphism before them keeps those exactly in train mode on `calib`.
+    """
     check_reachable(mother.arch, member)
     if noise and calib is None:
         raise ValueError("hatch: noise needs a calibration batch (calib) to size it")
     gen = torch.Generator().manual_seed(seed)
-    net = mother
+    arch, state = mother.arch, mother.state_dict()
     if isinstance(member, ResNet):
         for s, stage in enumerate(member.stages):
-            for inner in stage.blocks[len(net.arch.stages[s].blocks):]:
-                net = deepen(net, s, inner=inner, gen=gen)
-            net = _grown(net, ("stage", s), stage.width, gen)
+            for inner in stage.blocks[len(arch.stages[s].blocks):]:
+                arch, state = _deepened(arch, state, s, 3, inner, None)
+            arch, state = _grown(arch, state, ("stage", s), stage.width, gen)
             for j, inner in enumerate(stage.blocks):
-                net = _grown(net, ("inner", s, j), inner, gen)
+                arch, state = _grown(arch, state, ("inner", s, j), inner, gen)
     elif isinstance(member, VGG):
+        stats = _identity_stats(mother, member, calib)
         for b, block in enumerate(member.blocks):
-            for conv in block[len(net.arch.blocks[b]):]:
-                net = deepen(net, b, kernel=conv.kernel, calib=calib, gen=gen)
+            for conv in block[len(arch.blocks[b]):]:
+                arch, state = _deepened(arch, state, b, conv.kernel, None, stats.get(b))
             for i, conv in enumerate(block):
-                if conv.kernel != net.arch.blocks[b][i].kernel:
-                    net = grow_kernel(net, b, i, conv.kernel)
-                net = _grown(net, ("conv", b, i), conv.width, gen)
+                if conv.kernel != arch.blocks[b][i].kernel:
+                    arch, state = _kernel_grown(arch, state, b, i, conv.kernel)
+                arch, state = _grown(arch, state, ("conv", b, i), conv.width, gen)
     else:
-        for _ in member.hidden[len(net.arch.hidden):]:
-            net = deepen(net, calib=calib, gen=gen)
+        stats = _identity_stats(mother, member, calib)
+        for _ in member.hidden[len(arch.hidden):]:
+            arch, state = _deepened(arch, state, 0, 3, None, stats.get(0))
         for i, width in enumerate(member.hidden):
-            net = _grown(net, ("hidden", i), width, gen)
-    if net is mother:  # the member is the mother itself: still hand back a copy
-        net = _child(mother, member, mother.state_dict(), None)
-    return add_noise(net, noise, calib, gen) if noise else net
+            arch, state = _grown(arch, state, ("hidden", i), width, gen)
+    net = _child(mother, arch, state, gen)  # copies: the member shares no tensor with its mother
+    return _noised(net, noise, calib, gen) if noise else net
+

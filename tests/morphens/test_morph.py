@@ -153,6 +153,7 @@ def test_random_hatches_compute_the_mother_function(family, seed):
         child = hatch(mother, member, seed=i, calib=x)
         assert child.arch == member
         assert_same_function(mother, child, x)
+        assert_same_function(mother, child, x, train=True)  # identity layers calibrated on x are exact on x
     assert all(torch.equal(before[k], v) for k, v in mother.state_dict().items())
     # In float64 the only difference left is rounding: the morphisms are exact.
     mother64, x64 = mother.double(), x.double()
