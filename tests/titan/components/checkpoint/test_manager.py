@@ -56,3 +56,31 @@ def test_without_reuse_every_save_stages_a_fresh_copy(tmp_path):
     manager.wait()
     assert manager._stager is None
     manager.load(1, [model], [optimizer], [scheduler], {"step": 0})
+
+
+
+def _checkpointed_first_layer(model: torch.nn.Sequential) -> torch.nn.Sequential:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model[0] = checkpoint_wrapper(model[0])
+    return model
+
+
+def test_full_state_dicts_round_trip_through_plain_and_wrapped_modules(monkeypatch):
+    """A plain module loads and gives its full state dict without DCP's name mapping, and so does an
+    activation-checkpointed one (its wrapper's hooks hide the wrapper's name); a compiled one (names under
+    `_orig_mod.`) still goes through DCP. All take and give the model's own names."""
+    from titan.components.checkpoint import manager
+
+    calls = []
+    for name in ("set_model_state_dict", "get_model_state_dict"):
+        real = getattr(manager, name)
+        monkeypatch.setattr(manager, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
+    full = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).state_dict()
+    for wrap, through_dcp in ((lambda m: m, False), (torch.compile, True), (_checkpointed_first_layer, False)):
+        calls.clear()
+        model = wrap(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+        manager.load_full_model_state_dict(model, dict(full))  # DCP renames the keys of the dict it is given
+        got = manager.full_model_state_dict(model)
+        assert calls == (["set_model_state_dict", "get_model_state_dict"] if through_dcp else [])
+        assert got.keys() == full.keys() and all(torch.equal(got[k], full[k]) for k in full)
