@@ -120,7 +120,9 @@ class Loader:
     """Normalized float batches of one split for one data-parallel rank.
 
     The train split cycles forever over reshuffled epochs (each rank takes a strided share of one permutation,
-    dropping the ragged end so BatchNorm never sees a tiny batch); the test split is one ordered pass.
+    dropping the ragged end so BatchNorm never sees a tiny batch); the test split is one ordered pass. `limit`
+    keeps a fixed random subset of the split; `bootstrap` (a seed, 0 = off) then resamples that training subset
+    with replacement, for bagging.
     `state_dict()` records the position, so a resumed run continues with the same batches.
     """
 
