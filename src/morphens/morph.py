@@ -163,14 +163,18 @@ def _producer(arch: Arch, block: int) -> str:
         f"layers.{len(arch.hidden) - 1}"
 
 
+def _check_block(arch: Arch, block: int) -> None:
+    count = len(arch.blocks if isinstance(arch, VGG) else arch.stages if isinstance(arch, ResNet) else [0])
+    if not 0 <= block < count:
+        raise ValueError(f"deepen: block {block} out of range for {describe(arch)} ({count} blocks)")
+
+
 def _deepened(arch: Arch, state: State, block: int, kernel: int, inner: int | None,
               stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[Arch, State]:
     """deepen on (arch, state); `stats` are the producer's train-mode channel statistics (None: mean 0, var 1).
     A new residual block gets only its zero last BatchNorm: its other weights are initialized when built."""
+    _check_block(arch, block)
     ref = state["head.weight"]
-    count = len(arch.blocks if isinstance(arch, VGG) else arch.stages if isinstance(arch, ResNet) else [0])
-    if not 0 <= block < count:
-        raise ValueError(f"deepen: block {block} out of range for {describe(arch)} ({count} blocks)")
     if isinstance(arch, ResNet):
         stage = arch.stages[block]
         stages = list(arch.stages)
@@ -208,6 +212,7 @@ def deepen(parent: Net, block: int = 0, kernel: int = 3, inner: int | None = Non
     The new BatchNorm is the identity in eval mode. With a calibration batch it also takes the train-mode batch
     statistics of its input, so that in train mode it is the identity on that batch and close to it on others.
     """
+    _check_block(parent.arch, block)  # before the statistics, which look the block up
     stats = None
     if calib is not None and not isinstance(parent.arch, ResNet):
         producer = _producer(parent.arch, block)

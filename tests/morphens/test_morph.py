@@ -106,6 +106,12 @@ def test_uncalibrated_identity_layers_are_exact_in_float64(family):
     torch.testing.assert_close(child.eval()(x), parent(x), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("calib", [None, X])
+def test_deepen_refuses_a_block_out_of_range(calib):
+    with pytest.raises(ValueError, match=r"deepen: block 5 out of range for vgg\[.*\] \(2 blocks\)"):
+        deepen(trained_looking(NETS["vgg"]), 5, calib=calib)
+
+
 def test_grow_kernel_is_exact_in_eval_and_train_mode():
     parent = trained_looking(NETS["vgg"])
     for block, layer, kernel in ((0, 0, 5), (0, 1, 7), (1, 0, 7)):
