@@ -348,6 +348,7 @@ def hatch(mother: Net, member: Arch, noise: float = 0.0, seed: int = 0,
         raise ValueError("hatch: noise needs a calibration batch (calib) to size it")
     gen = torch.Generator().manual_seed(seed)
     arch, state = mother.arch, mother.state_dict()
+    stats = {} if isinstance(member, ResNet) else _identity_stats(mother, member, calib)
     if isinstance(member, ResNet):
         for s, stage in enumerate(member.stages):
             for inner in stage.blocks[len(arch.stages[s].blocks):]:
@@ -356,7 +357,6 @@ def hatch(mother: Net, member: Arch, noise: float = 0.0, seed: int = 0,
             for j, inner in enumerate(stage.blocks):
                 arch, state = _grown(arch, state, ("inner", s, j), inner, gen)
     elif isinstance(member, VGG):
-        stats = _identity_stats(mother, member, calib)
         for b, block in enumerate(member.blocks):
             for conv in block[len(arch.blocks[b]):]:
                 arch, state = _deepened(arch, state, b, conv.kernel, None, stats.get(b))
@@ -365,7 +365,6 @@ def hatch(mother: Net, member: Arch, noise: float = 0.0, seed: int = 0,
                     arch, state = _kernel_grown(arch, state, b, i, conv.kernel)
                 arch, state = _grown(arch, state, ("conv", b, i), conv.width, gen)
     else:
-        stats = _identity_stats(mother, member, calib)
         for _ in member.hidden[len(arch.hidden):]:
             arch, state = _deepened(arch, state, 0, 3, None, stats.get(0))
         for i, width in enumerate(member.hidden):
