@@ -1,5 +1,8 @@
+import ctypes
+import importlib.machinery
 import logging
 import subprocess
+import types
 
 import pytest
 import torch
@@ -56,6 +59,31 @@ def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors(name, 
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "ctypes_without_python_headers"])
+def test_both_loaders_give_the_tensor_ops_results(fresh_library, monkeypatch, headers):
+    if native.compiler() is None or (headers and native.python_include() is None):
+        pytest.skip("no C compiler or no Python headers here")
+    if not headers:
+        monkeypatch.setattr(native, "python_include", lambda: None)
+    rho, y = torch.randn(2, 3, 70, dtype=torch.float64), torch.randn(2, 1, 3, 70, dtype=torch.float64)
+    for name, options in [("flash", {"tau": "fft", "block": 8}), ("lazy", {})]:
+        in_c = build_engine(name, rho, 1, native_step=True, **options)
+        torch.testing.assert_close(run(in_c, y, 5), run(build_engine(name, rho, 1, native_step=False, **options), y, 5),
+                                   rtol=0, atol=1e-12)
+    (built,) = (fresh_library / "native").glob("steps-*.so")
+    assert built.name.endswith(importlib.machinery.EXTENSION_SUFFIXES[0]) == headers
+    assert isinstance(native.library(), ctypes.CDLL) != headers
+
+
+def test_the_extension_module_refuses_wrong_arguments_in_one_line():
+    if not isinstance(native.library(), types.ModuleType):
+        pytest.skip("no extension module here")
+    with pytest.raises(TypeError, match="expected 5 int arguments, got 2"):
+        native.library().flash_step_f32(0, 1)
+    with pytest.raises(TypeError):
+        native.library().lazy_step_f64(0, 0, 1, 1, 0, "not an address", 0)
+
+
 def test_library_is_built_once_into_the_cache_folder(fresh_library):
     build_engine("flash", torch.randn(1, 2, 8), 1, native_step=True)
     (built,) = (fresh_library / "native").glob("steps-*.so")
@@ -101,10 +129,13 @@ def test_c_step_refuses_dtypes_it_has_no_code_for():
         build_engine("flash", torch.randn(1, 2, 8, dtype=torch.bfloat16), 1, native_step=True)
 
 
-def test_source_compiles_without_warnings(tmp_path):
+@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "plain_library"])
+def test_source_compiles_without_warnings(tmp_path, monkeypatch, headers):
     cc = native.compiler()
-    if cc is None:
-        pytest.skip("no C compiler here")
-    proc = subprocess.run([cc, *native.FLAGS, "-Wall", "-Wextra", "-Werror", str(native.SOURCE), "-o",
-                           str(tmp_path / "x.so"), *native.LIBS], capture_output=True, text=True)
+    if cc is None or (headers and native.python_include() is None):
+        pytest.skip("no C compiler or no Python headers here")
+    if not headers:
+        monkeypatch.setattr(native, "python_include", lambda: None)
+    command = native.build_command(cc, tmp_path / "x.so")
+    proc = subprocess.run([command[0], "-Wall", "-Wextra", "-Werror", *command[1:]], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
