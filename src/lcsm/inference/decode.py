@@ -15,7 +15,8 @@ The weights are rearranged once per decode state:
 - each RMSNorm's weight (and sqrt(D)) is folded into the projection after it; the norm leaves one scale per row;
 - in_proj's output channels [d, p] become groups [p, d], so the value and each gate are (B, D) slices;
 - the MLP's exact gelu is written with erf: aten's gelu runs scalar code on some CPUs (50 us for 256 floats
-  here), its erf is vectorized (5 us);
+  here), its erf is vectorized (5 us); native's float32 erf is a rational approximation within 4e-7 that
+  vectorizes (0.2 us for 256 floats, against 4.5 for libm's erff);
 - eager folds the short conv into in_proj (a ring of normalized inputs, in_proj's weight times the conv kernel,
   rotated once per ring position) and out_proj's bias into its matmul; compiled and native run the conv on a
   ring of in_proj outputs (zeros before position 0, where the conv's zero padding drops in_proj's bias too).

@@ -81,6 +81,25 @@ with C = G D, row-major. The ring (B, K, C) holds in_proj's outputs of the last 
 moves on by one here. Equal to the tensor version up to rounding. */
 #include <math.h>
 
+/* erf in float32 as x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 to float32's precision); the coefficients
+were fitted for this file by reweighted least squares. At most 3.5e-7 from the exact erf (libm's erff: 3e-8), and
+unlike a call to erff it vectorizes: the MLP's 256 values take about 0.3 us instead of 4.5. */
+static inline float erf_f32(float x) {
+  x = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
+  const float s = x * x;
+  const float p = 1.128378987e+00f +
+                  s * (1.965912282e-01f +
+                       s * (5.350906402e-02f + s * (4.016997758e-03f + s * (2.881227119e-04f + s * 1.969590585e-06f))));
+  const float q = 1.f + s * (5.075555444e-01f +
+                             s * (1.166144833e-01f + s * (1.547174249e-02f + s * (1.219161903e-03f + s * 3.743017078e-05f))));
+  const float r = x * p / q; /* may exceed 1 by an ulp near |x| = 4 */
+  return r > 1.f ? 1.f : (r < -1.f ? -1.f : r);
+}
+
+void erf_f32_array(const float *x, float *y, int64_t n) { /* for the tests */
+  for (int64_t i = 0; i < n; i++) y[i] = erf_f32(x[i]);
+}
+
 #define BLOCK_EXIT(NAME, T, SQRT, ERF)                                                                          \
   typedef struct {                                                                                              \
     const T *out_w, *out_b, *w1, *w2, *in_w, *in_b, *conv_w, *conv_b;                                           \
@@ -113,7 +132,7 @@ moves on by one here. Equal to the tensor version up to rounding. */
       const T scale_h = NAME##_rms_scale(h, D, s->D_eps);                                                       \
       for (int64_t j = 0; j < H; j++) a[j] = 0;                                                                 \
       NAME##_gemv(h, s->w1, D, H, a);                                                                           \
-      for (int64_t j = 0; j < H; j++) a[j] *= scale_h, a[j] += a[j] * ERF(a[j]);                                \
+      _Pragma("omp simd") for (int64_t j = 0; j < H; j++) a[j] *= scale_h, a[j] += a[j] * ERF(a[j]);            \
       for (int64_t d = 0; d < D; d++) o[d] = h[d];                                                              \
       NAME##_gemv(a, s->w2, H, D, o);                                                                           \
       const T scale_o = NAME##_rms_scale(o, D, s->D_eps);                                                       \
@@ -128,5 +147,5 @@ moves on by one here. Equal to the tensor version up to rounding. */
     }                                                                                                           \
   }
 
-BLOCK_EXIT(block_exit_f32, float, sqrtf, erff)
+BLOCK_EXIT(block_exit_f32, float, sqrtf, erf_f32)
 BLOCK_EXIT(block_exit_f64, double, sqrt, erf)

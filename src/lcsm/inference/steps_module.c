@@ -42,12 +42,13 @@ static int int_args(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, int64_
 
 WRAP_DTYPE(f32, float)
 WRAP_DTYPE(f64, double)
+WRAP(erf_f32_array, 3, erf_f32_array(ARG(0, const float *), ARG(1, float *), a[2]))
 
 #define METHOD(NAME) {#NAME, (PyCFunction)(void (*)(void))py_##NAME, METH_FASTCALL, NULL}
 
 static PyMethodDef methods[] = {METHOD(flash_step_f32), METHOD(lazy_step_f32), METHOD(block_exit_f32),
                                 METHOD(flash_step_f64), METHOD(lazy_step_f64), METHOD(block_exit_f64),
-                                {NULL, NULL, 0, NULL}};
+                                METHOD(erf_f32_array),  {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lcsm_steps", NULL, -1, methods,
                                     NULL, NULL, NULL, NULL};

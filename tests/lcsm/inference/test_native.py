@@ -1,6 +1,7 @@
 import ctypes
 import importlib.machinery
 import logging
+import math
 import subprocess
 import types
 
@@ -82,6 +83,24 @@ def test_the_extension_module_refuses_wrong_arguments_in_one_line():
         native.library().flash_step_f32(0, 1)
     with pytest.raises(TypeError):
         native.library().lazy_step_f64(0, 0, 1, 1, 0, "not an address", 0)
+
+
+@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "ctypes"])
+def test_the_float32_erf_of_the_decode_step_is_within_4e_7_of_the_exact_one(fresh_library, monkeypatch, headers):
+    """block_exit_f32's gelu uses a rational erf that vectorizes; libm's erff does not."""
+    if native.compiler() is None or (headers and native.python_include() is None):
+        pytest.skip("no C compiler or no Python headers here")
+    if not headers:
+        monkeypatch.setattr(native, "python_include", lambda: None)
+    library = native.library()
+    if not headers:
+        library.erf_f32_array.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    x = torch.cat([torch.linspace(-6, 6, 100_001), torch.tensor([0.0, -0.0, 1e-30, 3.9999, 4.0, 1e30, -1e30])])
+    y = torch.empty_like(x)
+    library.erf_f32_array(x.data_ptr(), y.data_ptr(), x.numel())
+    exact = torch.tensor([math.erf(v) for v in x.double().tolist()], dtype=torch.float64)
+    assert (y.double() - exact).abs().max().item() < 4e-7
+    assert y.abs().max().item() <= 1 and torch.equal(torch.sign(y), torch.sign(x))
 
 
 def test_library_is_built_once_into_the_cache_folder(fresh_library):
