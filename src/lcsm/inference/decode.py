@@ -11,6 +11,8 @@ costs its number of calls. Three implementations, all equal to the modules' arit
   and shape (about 30 s) and cached. Its code still calls ATen for each matmul (and allocates its outputs);
 - native: the same block_exit in C (lcsm/inference/steps.c, built in about a second), into buffers made once:
   148 us per token outside the long convolutions at 16K, against 316-348 us compiled (D=64, 4 layers, B=1).
+  Where the engine's steps are in C too (flash, lazy at B = 1), the whole token is one C call (decode_token:
+  the embedding, every boundary, every engine step and the gates between them); flash's tiles follow it.
 The weights are rearranged once per decode state:
 - each RMSNorm's weight (and sqrt(D)) is folded into the projection after it; the norm leaves one scale per row;
 - in_proj's output channels [d, p] become groups [p, d], so the value and each gate are (B, D) slices;
@@ -345,6 +347,26 @@ class NativeDecodeState(CompiledDecodeState):
         self.c_u = [self.zeros.new_empty(B, ring.shape[2], D) for ring in rings[:-1]]
         self.c_u_parts = [u.unbind(1) for u in self.c_u]
         self.c_out_ptrs, self.c_u_ptrs = [t.data_ptr() for t in self.c_out], [t.data_ptr() for t in self.c_u]
+        self.c_token = self._c_token()
+
+    def _c_token(self):
+        """The whole token in one C call where the engine steps in C (flash, or lazy at B = 1), instead of one per
+        boundary and one per engine step (13 at 4 layers of order 2) with tensor ops between them. None otherwise:
+        the token then goes boundary by boundary."""
+        engine = self.engine
+        if getattr(engine, "c_step", None) is None or engine.name not in ("flash", "lazy"):
+            return None
+        decode = native.decode_token(engine.device, engine.dtype)
+        embedding = self.model.tok_embeddings.weight.detach()  # holds the storage even if the model's is replaced
+        if decode is None or not embedding.is_contiguous() or embedding.dtype != engine.dtype:
+            return None
+        flash, lazy = (engine.c_slots, None) if engine.name == "flash" else (None, engine.c_pointers)
+        self.c_token_args, self._c_token_buffers = native.decode_token_args(
+            embedding, self.c_site_addresses, self.c_out, self.c_u, [b.order for b in self.blocks],
+            flash, lazy, engine.L)
+        self._c_embedding = embedding
+        self.c_token_address = ctypes.addressof(self.c_token_args)
+        return decode
 
     def _exit(self, site: int, x, z, gate, u_ptr: int):
         # Named, so that the copies live until the call returns (at B > 1 the gates are strided views).
@@ -353,8 +375,26 @@ class NativeDecodeState(CompiledDecodeState):
                     self.c_out_ptrs[site], u_ptr)
         return self.c_out[site]
 
-    @torch.inference_mode()
     def step(self, token_B: torch.Tensor) -> torch.Tensor:
+        if self.c_token is None:
+            return self._step_by_boundary(token_B)
+        engine, t, B = self.engine, self.engine.pos, self.zeros.shape[0]
+        if t >= engine.L:
+            raise ValueError(f"all {engine.L} positions are used; build the engine with a longer filter")
+        if token_B.shape != (B,) or token_B.device != engine.device or token_B.is_floating_point():
+            raise ValueError(f"tokens must be integers of shape ({B},) on {engine.device}, got {token_B.dtype} "
+                             f"{tuple(token_B.shape)} on {token_B.device}")
+        tokens = token_B.to(torch.int64).contiguous()  # named: C reads it during the call
+        logits = self.zeros.new_empty(B, self.head_ring.shape[2] * self.zeros.shape[1])
+        if self.c_token(self.c_token_address, t, tokens.data_ptr(), logits.data_ptr()):
+            raise ValueError(f"tokens must be in [0, {self.model.args.vocab_size}), got {token_B.tolist()}")
+        engine.tiles_after_position(t)
+        engine.pos += 1
+        self.pos += 1
+        return logits[:, : self.model.args.vocab_size]
+
+    @torch.inference_mode()
+    def _step_by_boundary(self, token_B: torch.Tensor) -> torch.Tensor:
         x, z, gate = F.embedding(token_B, self.model.tok_embeddings.weight), self.zeros, self.zeros
         engine = self.engine
         for i, block in enumerate(self.blocks):

@@ -96,6 +96,10 @@ class OnlineConv(abc.ABC):
             self.pos += 1
         return z_BD
 
+    def tiles_after_position(self, t: int) -> None:  # noqa: B027 (a hook: only flash's steps leave work behind)
+        """For a caller that stepped every slot at position t in C itself (decode.NativeDecodeState): the work the
+        steps leave to tensor ops, due before position t + 1 (flash's tiles); then it advances `pos` itself."""
+
     @abc.abstractmethod
     def _prefill_state(self, y_DBP: torch.Tensor, slot: int) -> None: ...
 
@@ -224,7 +228,8 @@ class FlashConv(OnlineConv):
         self.weights = [w.unbind(0) for w in weights]
         self.A_now = [a.unbind(0) for a in self.A]
         self.pending = [False] * G
-        """Slots whose block was begun by prefill: its tile sums are still to be added."""
+        """Slots whose block was begun by prefill: its tile sums are still to be added (the C step keeps its own
+        flag in its slot's structure)."""
         self.sizes = [U for U in (1 << k for k in range(max(L - 1, 1).bit_length())) if b <= U < L]
         self.tau = build_tau(tau, rho_GDL.reshape(G * D, L))
         for U in self.sizes:
@@ -268,6 +273,11 @@ class FlashConv(OnlineConv):
         lo, hi = max(t + 1, first_out), min(t + U, self.L - 1)
         acc_RBL[..., lo : hi + 1] += out_RBU[..., lo - t - 1 : hi - t]
 
+    def tiles_after_position(self, t: int) -> None:
+        if t & self.block_mask == self.block_mask and t + 1 < self.L:
+            for slot in range(self.G):
+                self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
+
     def _tiles_after(self, slot: int, t: int, U: int, first_out: int) -> None:
         """The tile of size U launched after slot's step t: its own, or every slot's once the last one has stepped."""
         if not self.batched[U]:
@@ -293,12 +303,13 @@ class FlashConv(OnlineConv):
             for j in range(start, P):  # lags P - j .. start + b - 1 - j; rho_lags starts at lag 1
                 self.A[slot, o:].addcmul_(y_DBP[..., j].T, self.rho_lags[slot][P - j - 1 : start + b - j - 1])
             self.pending[slot] = True
+            if self.c_step:
+                self._c_structs[slot].pending = 1
 
     def _step(self, y_BD, slot, t):
         if self.c_step is not None:
             y_BD, z_BD = self._c_io(y_BD)
-            self.c_step(self.c_slots[slot], t, self.pending[slot], y_BD.data_ptr(), z_BD.data_ptr())
-            self.pending[slot] = False
+            self.c_step(self.c_slots[slot], t, y_BD.data_ptr(), z_BD.data_ptr())
             if t & self.block_mask == self.block_mask and t + 1 < self.L:
                 self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
             return z_BD

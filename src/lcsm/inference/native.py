@@ -123,9 +123,9 @@ def c_function(name: str, device: torch.device, dtype: torch.dtype, argtypes: li
 
 
 def flash_step(device: torch.device, dtype: torch.dtype):
-    """Called as step(slot_address, t, pending, y_ptr, z_ptr); see `slot`."""
-    return c_function("flash_step", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
-                                                    ctypes.c_void_p, ctypes.c_void_p])
+    """Called as step(slot_address, t, y_ptr, z_ptr); see `slot`."""
+    return c_function("flash_step", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                    ctypes.c_void_p])
 
 
 def lazy_step(device: torch.device, dtype: torch.dtype):
@@ -135,12 +135,13 @@ def lazy_step(device: torch.device, dtype: torch.dtype):
 
 
 def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, acc: torch.Tensor, ys: torch.Tensor):
-    """A slot's arguments for the C step: A, Y (b, B, D), rho (b, D), acc (D, B, acc_len), ys (D, B, L), all
-    contiguous. The caller keeps the tensors alive as long as the returned structure."""
+    """A slot's arguments for the C flash step: A, Y (b, B, D), rho (b, D), acc (D, B, acc_len), ys (D, B, L), all
+    contiguous, and its `pending` flag (set when prefill begins a block; the step clears it). The caller keeps the
+    tensors alive as long as the returned structure."""
     b, B, D = A.shape
     ctype, pointers = _pointers((A, Y, rho, acc, ys), "the C flash step")
-    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "acc", "ys"), ("b", "B", "D", "L", "acc_len"))
-    return cls(*pointers, b, B, D, ys.shape[-1], acc.shape[-1])
+    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "acc", "ys"), ("b", "B", "D", "L", "acc_len", "pending"))
+    return cls(*pointers, b, B, D, ys.shape[-1], acc.shape[-1], 0)
 
 
 def _pointers(tensors: tuple[torch.Tensor, ...], what: str):
@@ -177,3 +178,39 @@ def block_exit_args(post: tuple[torch.Tensor, ...], entry: tuple[torch.Tensor, .
     ctype, pointers = _pointers((*post, *entry, ring_BKGD, scratch), "the C block_exit")
     cls = _struct("BlockExit", ctype, EXIT_POINTERS, ("B", "D", "H", "C", "K"), ("D_eps",))
     return cls(*pointers, B, D, H, G * D, K, D_eps), scratch
+
+
+def decode_token(device: torch.device, dtype: torch.dtype):
+    """Called as decode(args_address, t, tokens_ptr, logits_ptr) -> 0, or -1 for a token outside the vocabulary;
+    see `decode_token_args`."""
+    fn = c_function("decode_token", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                    ctypes.c_void_p])
+    if isinstance(fn, ctypes._CFuncPtr):
+        fn.restype = ctypes.c_int32
+    return fn
+
+
+DECODE_POINTERS = ("embedding", "sites", "x", "u", "orders", "flash", "lazy_y", "lazy_rho", "embedded", "v", "z",
+                   "gate")
+
+
+def decode_token_args(embedding: torch.Tensor, sites: list[int], x: list[torch.Tensor], u: list[torch.Tensor],
+                      orders: list[int], flash: list[int] | None, lazy: list[tuple[int, int]] | None, L: int):
+    """The arguments of one decode state's decode_token: the embedding (vocab, D); the addresses of the block_exit
+    structures (blocks + 1, the head last); each site's output x (B, D) and each block's short conv output u
+    (B, N + 1, D); the blocks' orders; the engine's slots: flash structures' addresses, or lazy's (history,
+    filter) addresses; the engine's length L. Returns the structure and what it points into, both for the caller
+    to keep alive."""
+    B, D = x[0].shape
+    scratch = [embedding.new_empty(B, D) for _ in range(4)]
+    ctype, tensor_pointers = _pointers((embedding, *x, *u, *scratch), "the C decode step")
+    flash, lazy = flash or [], lazy or []
+    arrays = [(ctypes.c_void_p * len(sites))(*sites), (ctypes.c_void_p * len(x))(*[t.data_ptr() for t in x]),
+              (ctypes.c_void_p * len(u))(*[t.data_ptr() for t in u]), (ctypes.c_int64 * len(orders))(*orders),
+              (ctypes.c_void_p * len(flash))(*flash), (ctypes.c_void_p * len(lazy))(*[y for y, _ in lazy]),
+              (ctypes.c_void_p * len(lazy))(*[r for _, r in lazy])]
+    # An empty array is NULL: the C code tells flash from lazy by it.
+    addresses = [ctypes.cast(a, ctypes.POINTER(ctype)) if len(a) else ctypes.POINTER(ctype)() for a in arrays]
+    cls = _struct("DecodeToken", ctype, DECODE_POINTERS, ("B", "D", "vocab", "blocks", "L", "timed", "engine_ns"))
+    args = cls(tensor_pointers[0], *addresses, *tensor_pointers[-4:], B, D, embedding.shape[0], len(u), L, 0, 0)
+    return args, (arrays, scratch)

@@ -8,8 +8,12 @@ multiply and an add into one).
 Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums and inputs; rho (b, D), lags
 0 .. b-1; acc (D, B, acc_len), the tiles' sums for later outputs; ys (D, B, L), the inputs kept for the tiles.
 */
+#ifndef _POSIX_C_SOURCE /* for clock_gettime under -std=c11 (Python.h defines a newer one) */
+#define _POSIX_C_SOURCE 199309L
+#endif
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define FLASH_STEP(NAME, T)                                                                                     \
   typedef struct {                                                                                              \
@@ -18,11 +22,13 @@ Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums
     const T *acc;                                                                                               \
     T *ys;                                                                                                      \
     int64_t b, B, D, L, acc_len;                                                                                \
+    int64_t pending; /* the block was begun by prefill: the tiles' sums are added to A (and Y kept), not copied */ \
   } NAME##_slot;                                                                                                \
                                                                                                                 \
-  /* pending: the block was begun by prefill, so the tiles' sums are added to A (and Y kept), not copied. */    \
-  void NAME(const NAME##_slot *s, int64_t t, int32_t pending, const T *y, T *z) {                              \
+  void NAME(NAME##_slot *s, int64_t t, const T *y, T *z) {                                                      \
     const int64_t b = s->b, B = s->B, D = s->D, o = t & (b - 1), start = t - o, BD = B * D;                   \
+    const int64_t pending = s->pending;                                                                         \
+    s->pending = 0;                                                                                             \
     if (o == 0 || pending) {                                                                                    \
       for (int64_t d = 0; d < D; d++)                                                                           \
         for (int64_t j = 0; j < B; j++) {                                                                       \
@@ -149,3 +155,67 @@ void erf_f32_array(const float *x, float *y, int64_t n) { /* for the tests */
 
 BLOCK_EXIT(block_exit_f32, float, sqrtf, erf_f32)
 BLOCK_EXIT(block_exit_f64, double, sqrt, erf)
+
+/* One generated token in one call: decode.NativeDecodeState with a flash or lazy engine whose steps are in C. The
+embedding, then per block the boundary before it (block_exit: the previous block's end and this one's entry), its
+long convolutions' steps with the gates between them, and the head; the same arithmetic as the per-call path.
+The tiles are FFTs in torch, so the caller runs them after the call (they only feed later positions). Layouts:
+x[i] (B, D) site i's output; u[i] (B, N_i + 1, D) block i's short conv output (the value, then its N_i gates);
+flash[slot] the engine's slots, or NULL and lazy_y, lazy_rho (lazy at B = 1); embedded, z, gate scratch (B, D).
+Returns 0, or -1 when a token is outside [0, vocab) (nothing is written then). */
+#define DECODE_TOKEN(NAME, T, EXIT, FLASH, LAZY)                                                                \
+  typedef struct {                                                                                              \
+    const T *embedding;                                                                                         \
+    const EXIT##_args *const *sites;                                                                            \
+    T *const *x, *const *u;                                                                                     \
+    const int64_t *orders;                                                                                      \
+    FLASH##_slot *const *flash;                                                                                 \
+    T *const *lazy_y;                                                                                           \
+    const T *const *lazy_rho;                                                                                   \
+    T *embedded, *v, *z, *gate;                                                                                 \
+    int64_t B, D, vocab, blocks, L;                                                                             \
+    int64_t timed, engine_ns; /* when timed, the nanoseconds spent in the engine's steps, summed */             \
+  } NAME##_args;                                                                                                \
+                                                                                                                \
+  static int64_t NAME##_ns(void) {                                                                              \
+    struct timespec ts;                                                                                         \
+    clock_gettime(CLOCK_MONOTONIC, &ts);                                                                        \
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;                                                        \
+  }                                                                                                             \
+                                                                                                                \
+  int32_t NAME(NAME##_args *s, int64_t t, const int64_t *tokens, T *logits) {                                   \
+    const int64_t B = s->B, D = s->D;                                                                           \
+    for (int64_t j = 0; j < B; j++)                                                                             \
+      if (tokens[j] < 0 || tokens[j] >= s->vocab) return -1;                                                    \
+    for (int64_t j = 0; j < B; j++) memcpy(s->embedded + j * D, s->embedding + tokens[j] * D, sizeof(T) * D);   \
+    memset(s->z, 0, sizeof(T) * B * D); /* the embedding enters as a block output whose weights are zero */     \
+    memset(s->gate, 0, sizeof(T) * B * D);                                                                      \
+    const T *x = s->embedded;                                                                                   \
+    int64_t slot = 0;                                                                                           \
+    for (int64_t i = 0; i < s->blocks; i++) {                                                                   \
+      EXIT(s->sites[i], x, s->z, s->gate, s->x[i], s->u[i]);                                                    \
+      x = s->x[i];                                                                                              \
+      const int64_t N = s->orders[i], G = N + 1;                                                                \
+      for (int64_t j = 0; j < B; j++) memcpy(s->v + j * D, s->u[i] + j * G * D, sizeof(T) * D);                 \
+      for (int64_t n = 0; n < N; n++, slot++) {                                                                 \
+        const int64_t start = s->timed ? NAME##_ns() : 0;                                                       \
+        if (s->flash)                                                                                           \
+          FLASH(s->flash[slot], t, s->v, s->z);                                                                 \
+        else                                                                                                    \
+          LAZY(s->lazy_y[slot], s->lazy_rho[slot], D, s->L, t, s->v, s->z);                                     \
+        if (s->timed) s->engine_ns += NAME##_ns() - start;                                                      \
+        for (int64_t j = 0; j < B; j++) {                                                                       \
+          const T *g = s->u[i] + (j * G + 1 + n) * D;                                                           \
+          if (n < N - 1)                                                                                        \
+            for (int64_t d = 0; d < D; d++) s->v[j * D + d] = g[d] * s->z[j * D + d];                           \
+          else                                                                                                  \
+            memcpy(s->gate + j * D, g, sizeof(T) * D);                                                          \
+        }                                                                                                       \
+      }                                                                                                         \
+    }                                                                                                           \
+    EXIT(s->sites[s->blocks], x, s->z, s->gate, s->x[s->blocks], logits);                                       \
+    return 0;                                                                                                   \
+  }
+
+DECODE_TOKEN(decode_token_f32, float, block_exit_f32, flash_step_f32, lazy_step_f32)
+DECODE_TOKEN(decode_token_f64, double, block_exit_f64, flash_step_f64, lazy_step_f64)

@@ -2,6 +2,7 @@ import json
 
 import matplotlib.image
 import pytest
+import torch
 
 from lcsm.inference import native
 from lcsm.inference.bench import main
@@ -35,6 +36,17 @@ def test_bench_writes_records_and_plot(tmp_path, capsys):
     assert (f"e2e L=32 B=3: tiles batched over slots {unbatched['mixer_s'] / batched['mixer_s']:.2f}x faster "
             "(mixer time) than per-slot tiles") in out
     assert "tiles of e2e flash B=3 L=32 (block 16, step: C): 16: " in out
+
+
+def test_e2e_with_the_token_in_one_c_call_still_splits_the_mixer_time(tmp_path):
+    if not native.available(torch.device("cpu"), torch.float32):
+        pytest.skip("no C compiler here")
+    argv = ["--parts", "e2e", "--lengths", "64", "--methods", "lazy", "flash", "--channels", "4", "--layers", "2",
+            "--batch", "1", "--decode", "native", "--block", "8", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    records = json.loads((tmp_path / "results.json").read_text())
+    assert {r["method"] for r in records} == {"lazy", "flash"}
+    assert all(0 < r["mixer_s"] < r["total_s"] and r["max_abs_err"] < 1e-4 for r in records)
 
 
 @pytest.mark.parametrize("argv,message", [(["--methods", "quick"], "unknown method 'quick'"),

@@ -60,8 +60,10 @@ def test_logits_of_earlier_steps_are_not_overwritten(model, tokens):
 @pytest.mark.parametrize("engine,options,P,B", [("flash", {}, 3, 2), ("flash", {"native_step": False}, 1, 2),
                                                 ("lazy", {}, 11, 1), ("eager", {}, 1, 2)])
 def test_native_decode_equals_parallel_forward(model, tokens, engine, options, P, B):
-    """block_exit in C; at B = 2 the gates are strided views, and the engine steps run in C or as tensor ops."""
+    """block_exit in C; at B = 2 the gates are strided views, and the engine steps run in C or as tensor ops.
+    Where they run in C (flash, and lazy at B = 1), the whole token is one C call."""
     state = new_decode_state(model, engine, B, decode="native", **options)
+    assert (state.c_token is not None) == (engine in ("flash", "lazy") and options.get("native_step") is not False)
     logits = [state.prefill(tokens[:B, :P])]
     logits += [state.step(tokens[:B, t])[:, None] for t in range(P, ARGS.max_seq_len)]
     torch.testing.assert_close(torch.cat(logits, 1), model(tokens[:B]), rtol=0, atol=1e-10)
@@ -73,6 +75,23 @@ def test_native_decode_in_float32_and_its_logits_are_fresh(tokens):
     logits = [state.step(tokens[:, t]) for t in range(ARGS.max_seq_len)]
     assert len({x.data_ptr() for x in logits}) == len(logits)
     torch.testing.assert_close(torch.stack(logits, 1), model(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_native_decode_in_one_call_refuses_bad_tokens_in_one_line_and_stays_put(model, tokens):
+    state = new_decode_state(model, "flash", 2, decode="native")
+    assert state.c_token is not None
+    state.prefill(tokens[:, :3])
+    for bad, message in [(torch.tensor([1, ARGS.vocab_size]), rf"tokens must be in \[0, {ARGS.vocab_size}\)"),
+                         (torch.tensor([-1, 0]), "tokens must be in"),
+                         (torch.tensor([1, 2, 3]), r"tokens must be integers of shape \(2,\)"),
+                         (torch.tensor([1.0, 2.0]), "tokens must be integers")]:
+        with pytest.raises(ValueError, match=message):
+            state.step(bad)
+        assert state.pos == state.engine.pos == 3
+    logits = [state.step(tokens[:, t])[:, None] for t in range(3, ARGS.max_seq_len)]
+    torch.testing.assert_close(torch.cat(logits, 1), model(tokens)[:, 3:], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="all .* positions are used"):
+        state.step(tokens[:, 0])
 
 
 def test_native_decode_without_a_compiler_names_the_other_decodes(model, monkeypatch):
