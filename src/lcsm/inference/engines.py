@@ -209,9 +209,13 @@ class FlashConv(OnlineConv):
             raise ValueError(f"block must be a power of two >= 1, got {block}")
         G, D, B, L = self.G, self.D, self.B, self.L
         self.block = b = block
-        # The past, with rows (slot, channel) as tau takes them: inputs, and the tiles' sums for later outputs.
-        self.y_rows, self.acc_rows = rho_GDL.new_zeros(G * D, B, L), rho_GDL.new_zeros(G * D, B, L + b)
-        self.y_slot, self.acc_slot = self.y_rows.view(G, D, B, L), self.acc_rows.view(G, D, B, L + b)
+        # Rows (slot, channel) as tau takes them, one buffer for the past and the future: position p holds the tiles'
+        # sums for output p until p's block begins (the step copies them out), then, once the block is complete, the
+        # input y_p. A tile after step t reads inputs <= t and adds to outputs > t, and every sum for p arrives
+        # before p's block begins, so the two never meet. One buffer instead of two halves the engine's memory (at
+        # 2^16, D = 64: 17 MB against 34, under this CPU's 32 MB L3; the mixer there ran 0.74 s against 0.82).
+        self.y_rows = self.acc_rows = rho_GDL.new_zeros(G * D, B, L + b)
+        self.y_slot = self.acc_slot = self.y_rows.view(G, D, B, L + b)
         # Each slot's current block, position-major: the partial sums of its outputs A, then its inputs Y, in one
         # buffer W = [A_0 .. A_{b-1}, Y_0 .. Y_{b-1}]. At offset o, W[o+1 : o+1+b] is A_{o+1} .. A_{b-1} (which
         # y_o feeds through lags 1 .. b-1-o), Y_0 .. Y_{o-1} (weight 0) and Y_o (weight 1, from zero): one multiply-
@@ -245,7 +249,7 @@ class FlashConv(OnlineConv):
         """The C step's per-slot arguments: addresses of structures (and tensors) that this engine keeps alive."""
         self._rho_GbD = self.rho0.new_zeros(self.G, self.block, self.D)
         self._rho_GbD[:, 0], self._rho_GbD[:, 1:] = self.rho0[:, 0], self.rho_lags[:, :, 0]
-        self._c_structs = [native.slot(self.A[g], self.Y[g], self._rho_GbD[g], self.acc_slot[g], self.y_slot[g])
+        self._c_structs = [native.slot(self.A[g], self.Y[g], self._rho_GbD[g], self.acc_slot[g], self.L)
                            for g in range(self.G)]
         return [ctypes.addressof(s) for s in self._c_structs]
 

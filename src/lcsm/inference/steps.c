@@ -6,7 +6,8 @@ At D = 64, B = 1 a step is ~100 multiply-adds, and each tensor op costs microsec
 same arithmetic for a few hundred nanoseconds (equal to the tensor path up to rounding: the compiler may fuse a
 multiply and an add into one).
 Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums and inputs; rho (b, D), lags
-0 .. b-1; acc (D, B, acc_len), the tiles' sums for later outputs; ys (D, B, L), the inputs kept for the tiles.
+0 .. b-1; rows (D, B, row_len), per position p the tiles' sums for output p until p's block begins, then (once the
+block is complete) the input y_p, which the tiles read.
 */
 #ifndef _POSIX_C_SOURCE /* for clock_gettime under -std=c11 (Python.h defines a newer one) */
 #define _POSIX_C_SOURCE 199309L
@@ -19,9 +20,8 @@ Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums
   typedef struct {                                                                                              \
     T *A, *Y;                                                                                                   \
     const T *rho;                                                                                               \
-    const T *acc;                                                                                               \
-    T *ys;                                                                                                      \
-    int64_t b, B, D, L, acc_len;                                                                                \
+    T *rows;                                                                                                    \
+    int64_t b, B, D, L, row_len;                                                                                \
     int64_t pending; /* the block was begun by prefill: the tiles' sums are added to A (and Y kept), not copied */ \
   } NAME##_slot;                                                                                                \
                                                                                                                 \
@@ -32,7 +32,7 @@ Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums
     if (o == 0 || pending) {                                                                                    \
       for (int64_t d = 0; d < D; d++)                                                                           \
         for (int64_t j = 0; j < B; j++) {                                                                       \
-          const T *src = s->acc + (d * B + j) * s->acc_len + start;                                             \
+          const T *src = s->rows + (d * B + j) * s->row_len + start;                                            \
           for (int64_t i = 0; i < b; i++) {                                                                     \
             T *dst = s->A + i * BD + j * D + d;                                                                 \
             *dst = pending ? *dst + src[i] : src[i];                                                            \
@@ -53,7 +53,7 @@ Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums
     if (o == b - 1 && t + 1 < s->L) /* the block is complete: its inputs go where the tiles read them */       \
       for (int64_t d = 0; d < D; d++)                                                                           \
         for (int64_t j = 0; j < B; j++) {                                                                       \
-          T *dst = s->ys + (d * B + j) * s->L + start;                                                          \
+          T *dst = s->rows + (d * B + j) * s->row_len + start;                                                  \
           for (int64_t i = 0; i < b; i++) dst[i] = s->Y[i * BD + j * D + d];                                    \
         }                                                                                                       \
   }
