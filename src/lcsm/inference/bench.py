@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -133,39 +134,9 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
     state = new_decode_state(model, name, B, decode=decode, **options)
-    mixer_s = [0.0]
-    # The split is timed in wall time (perf_counter, 30 ns; process_time is a 0.5 us syscall, 16 per token) and
-    # scaled to the process time of the whole run: approximate on a loaded box, while total_s stays exact.
-    engine_step, now, split_clock = state.engine.step, clock(device), time.perf_counter
-
-    def timed_step(y, slot):
-        start = split_clock()
-        z = engine_step(y, slot)
-        mixer_s[0] += split_clock() - start
-        return z
-
-    def timed_step_cuda(y, slot):  # the step's kernels alone: the queue drained before and after
-        torch.cuda.synchronize()
-        start = split_clock()
-        z = engine_step(y, slot)
-        torch.cuda.synchronize()
-        mixer_s[0] += split_clock() - start
-        return z
-
-    state.engine.step = timed_step_cuda if device.type == "cuda" else timed_step
-    fused = getattr(state, "c_token", None) is not None
-    if fused:  # the engine's C steps run inside the token's one C call, which times them; the tiles come after it
-        state.c_token_args.timed = 1
-        tiles_after = state.engine.tiles_after_position
-
-        def timed_tiles(t):
-            start = split_clock()
-            tiles_after(t)
-            mixer_s[0] += split_clock() - start
-
-        state.engine.tiles_after_position = timed_tiles
+    mixer_seconds = _time_long_convolutions(state, device)
     state.prefill(tokens[:, :1])
-    inputs = tokens.T.unbind(0)
+    inputs, now = tokens.T.unbind(0), clock(device)
     sync(device)
     start, wall_start = now(), time.perf_counter()
     for t in range(1, L):
@@ -174,10 +145,41 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
             return None
     sync(device)
     total_s, wall_s = now() - start, time.perf_counter() - wall_start
-    if fused:
-        mixer_s[0] += state.c_token_args.engine_ns * 1e-9
-    return dict(mixer_s=total_s * mixer_s[0] / wall_s, total_s=total_s, decode=decode, wall_s=wall_s,
+    return dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, decode=decode, wall_s=wall_s,
                 max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_plan(state.engine))
+
+
+def _time_long_convolutions(state, device: torch.device) -> Callable[[], float]:
+    """Wraps the decode state's engine so that the wall time of its long convolutions adds up, and returns how to
+    read it. Timed with perf_counter (30 ns; process_time is a 0.5 us syscall, 16 per token); bench_e2e scales it
+    to the process time of the whole run: approximate on a loaded box, while total_s stays exact. On CUDA, the
+    steps' kernels alone: the queue is drained before and after. Where the whole token is one C call, that call
+    times its engine steps itself, and flash's tiles come after it."""
+    seconds, clock_, engine = [0.0], time.perf_counter, state.engine
+
+    def timed(fn):
+        def on_cpu(*args):
+            start = clock_()
+            out = fn(*args)
+            seconds[0] += clock_() - start
+            return out
+
+        def on_cuda(*args):
+            torch.cuda.synchronize()
+            start = clock_()
+            out = fn(*args)
+            torch.cuda.synchronize()
+            seconds[0] += clock_() - start
+            return out
+
+        return on_cuda if device.type == "cuda" else on_cpu
+
+    engine.step = timed(engine.step)
+    fused = getattr(state, "c_token", None) is not None
+    if fused:
+        state.c_token_args.timed = 1
+        engine.tiles_after_position = timed(engine.tiles_after_position)
+    return lambda: seconds[0] + (state.c_token_args.engine_ns * 1e-9 if fused else 0.0)
 
 
 def _run_mixer_slots(engine, y_LBD: torch.Tensor) -> None:

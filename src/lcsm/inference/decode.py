@@ -28,96 +28,15 @@ from __future__ import annotations
 
 import abc
 import ctypes
-import hashlib
-import os
-import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.inference import autotune, native
+from lcsm.inference import native
+from lcsm.inference.block_exit import CompileError, compiled_block_exit, fold_norm, rms_scale
 from lcsm.inference.engines import OnlineConv, build_engine
 from lcsm.model.hyena import HyenaBlock, HyenaLM
-from titan.tools.cli import UserError
-
-
-def rms_scale(x_BD: torch.Tensor, D_eps: float) -> torch.Tensor:
-    """1 / sqrt(sum x^2 + D eps) per row (B, 1): RMSNorm's scale over sqrt(D), which fold_norm puts in the weight."""
-    return torch.linalg.vecdot(x_BD, x_BD).add_(D_eps).rsqrt_().unsqueeze(-1)
-
-
-def fold_norm(norm: nn.RMSNorm, weight_OD: torch.Tensor) -> torch.Tensor:
-    """The (D, O) right factor of `x_scaled @ W` equal to the linear map `weight_OD` applied after `norm`."""
-    return (weight_OD * norm.weight * weight_OD.shape[1] ** 0.5).T.contiguous()
-
-
-def block_exit(x_BD, z_BD, gate_BD, ring_BKGD, out_w_DD, out_b_D, w1_DH, w2_HD, in_w_DGD, in_b_GD, conv_w_KGD,
-               conv_b_GD, D_eps: float):
-    """A block's output from its input x and its last long convolution z, then the next block's ring of in_proj
-    outputs (B, K, G, D) and its short conv's output u (B, G, D): returns (out_BD, ring_BKGD, u_BGD)."""
-    h = torch.addmm(x_BD, gate_BD * z_BD, out_w_DD).add_(out_b_D)
-    # gelu(a) @ w2 = (a' + a' erf(a')) @ (w2 / sqrt 2) with a' = a / sqrt 2, folded into w1 and w2.
-    a = torch.mm(h, w1_DH).mul_(rms_scale(h, D_eps))
-    out = torch.addmm(h, torch.addcmul(a, a, torch.erf(a)), w2_HD)
-    projected = torch.addmm(in_b_GD.flatten(), out * rms_scale(out, D_eps), in_w_DGD.flatten(1))
-    B, _, _, D = ring_BKGD.shape
-    ring = torch.cat([ring_BKGD[:, 1:], projected.view(B, 1, -1, D)], 1)
-    return out, ring, torch.sum(ring * conv_w_KGD, 1).add_(conv_b_GD)
-
-
-class BlockExit(nn.Module):
-    """block_exit as a module, for torch.export (D_eps is a constant of the compiled code)."""
-
-    def __init__(self, D_eps: float):
-        super().__init__()
-        self.D_eps = D_eps
-
-    def forward(self, *tensors):
-        return block_exit(*tensors, D_eps=self.D_eps)
-
-
-class CompileError(UserError):
-    """The compiled decode step could not be built (most often: no C++ compiler); the CLIs print it as one line."""
-
-
-def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
-    """block_exit compiled by AOTInductor for the example's shapes (G, the in_proj groups, left free): built once
-    per machine, torch version, dtype and shape, then loaded from $LCSM_CACHE_DIR/decode (23-48 s to build on 2
-    CPU cores). Returns a function of the same tensors, returning a list of the three outputs."""
-    if not all(t.is_contiguous() for t in example):
-        raise ValueError("the example tensors must be contiguous: the compiled code assumes their strides")
-    shapes = " ".join("x".join(map(str, t.shape)) for t in example[:8])
-    key = f"{autotune.machine(example[0].device)} | {example[0].dtype} | {shapes} | eps {D_eps!r}"
-    path = autotune.cache_file().parent / "decode" / f"block_exit-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt2"
-    if not path.is_file():
-        print(f"lcsm: compiling the decode step ({shapes.split()[0]} {str(example[0].dtype)[6:]}, "
-              f"{example[0].device.type}) once for this machine into {path} ...", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")  # aoti wants the suffix
-        G = torch.export.Dim("G", min=2)
-        dynamic = ((None,) * 3 + ({2: G},) + (None,) * 4 + ({1: G}, {0: G}, {1: G}, {0: G}),)
-        try:
-            program = torch.export.export(BlockExit(D_eps), example, dynamic_shapes=dynamic)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp))
-            tmp.replace(path)  # atomic: a concurrent process loads the old package or the new one
-        except Exception as e:
-            tmp.unlink(missing_ok=True)
-            raise CompileError(f"compiling the decode step failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                               "AOTInductor needs a C++ compiler on the CPU. Decode another way instead "
-                               "(decode='eager' or 'native', or --decode eager|native)") from e
-        print(f"lcsm: compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    # The loader's run() takes the flat tensor list; the package's __call__ adds ~35 us of pytree (un)flattening.
-    run = torch._inductor.aoti_load_package(str(path)).loader.run
-
-    def compiled(x, z, gate, *rest):
-        # The compiled code assumes the example's (contiguous) strides and does not check them; at B > 1 an
-        # engine's output and the gate (a view of u) are strided.
-        return run([x, z.contiguous(), gate.contiguous(), *rest])
-
-    return compiled
 
 
 class SquareNorm:
