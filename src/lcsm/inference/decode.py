@@ -3,16 +3,18 @@
 At B x D = 1 x 64 on a CPU a tensor op costs microseconds of dispatch and almost no arithmetic, so a decode step
 costs its number of calls. Three implementations, all equal to the modules' arithmetic up to rounding:
 - eager (EagerBlock): 14 tensor calls per block besides its long convolutions, each into a buffer made once;
-- compiled (block_exit): everything between one block's last long convolution and the next block's first (the
-  last gate, out_proj, the MLP, the next block's RMSNorm, in_proj and short conv) is one function, compiled ahead
-  of time by AOTInductor into one fused C++ call (CUDA kernels on a GPU). The embedding enters as the output of a
-  block whose weights are zero, and the head as a "next block" whose in_proj is the output layer and whose short
-  conv passes the newest position through, so that one artifact serves every call; it is built once per machine
-  and shape (about 30 s) and cached. Its code still calls ATen for each matmul (and allocates its outputs);
+- compiled (lcsm.inference.block_exit): everything between one block's last long convolution and the next
+  block's first (the last gate, out_proj, the MLP, the next block's RMSNorm, in_proj and short conv) is one
+  function, compiled ahead of time by AOTInductor into one fused C++ call (CUDA kernels on a GPU). The embedding
+  enters as the output of a block whose weights are zero, and the head as a "next block" whose in_proj is the
+  output layer and whose short conv passes the newest position through, so that one artifact serves every call;
+  it is built once per machine and shape (about 30 s) and cached. Its code still calls ATen for each matmul (and
+  allocates its outputs);
 - native: the same block_exit in C (lcsm/inference/steps.c, built in about a second), into buffers made once:
   148 us per token outside the long convolutions at 16K, against 316-348 us compiled (D=64, 4 layers, B=1).
   Where the engine's steps are in C too (flash, lazy at B = 1), the whole token is one C call (decode_token:
-  the embedding, every boundary, every engine step and the gates between them); flash's tiles follow it.
+  the embedding, every boundary, every engine step and the gates between them), and flash's tiles follow it:
+  64 us per token outside the long convolutions at 16K.
 The weights are rearranged once per decode state:
 - each RMSNorm's weight (and sqrt(D)) is folded into the projection after it; the norm leaves one scale per row;
 - in_proj's output channels [d, p] become groups [p, d], so the value and each gate are (B, D) slices;
