@@ -275,7 +275,7 @@ class NativeDecodeState(CompiledDecodeState):
         boundary and one per engine step (13 at 4 layers of order 2) with tensor ops between them. None otherwise:
         the token then goes boundary by boundary."""
         engine = self.engine
-        if getattr(engine, "c_step", None) is None or engine.name not in ("flash", "lazy"):
+        if getattr(engine, "c_step", None) is None:  # only flash and lazy have C steps
             return None
         decode = native.decode_token(engine.device, engine.dtype)
         embedding = self.model.tok_embeddings.weight.detach()  # holds the storage even if the model's is replaced

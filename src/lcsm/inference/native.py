@@ -112,13 +112,13 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in CTYPES and library() is not None
 
 
-def c_function(name: str, device: torch.device, dtype: torch.dtype, argtypes: list):
+def c_function(name: str, device: torch.device, dtype: torch.dtype, argtypes: list, restype=None):
     """The C function `name` of steps.c for dtype, or None where it cannot be had."""
     if not available(device, dtype):
         return None
     step = getattr(library(), f"{name}_{CTYPES[dtype][0]}")
     if isinstance(step, ctypes._CFuncPtr):  # the extension module's functions take Python ints as they are
-        step.argtypes, step.restype = argtypes, None
+        step.argtypes, step.restype = argtypes, restype
     return step
 
 
@@ -183,11 +183,8 @@ def block_exit_args(post: tuple[torch.Tensor, ...], entry: tuple[torch.Tensor, .
 def decode_token(device: torch.device, dtype: torch.dtype):
     """Called as decode(args_address, t, tokens_ptr, logits_ptr) -> 0, or -1 for a token outside the vocabulary;
     see `decode_token_args`."""
-    fn = c_function("decode_token", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                                    ctypes.c_void_p])
-    if isinstance(fn, ctypes._CFuncPtr):
-        fn.restype = ctypes.c_int32
-    return fn
+    return c_function("decode_token", device, dtype, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                      ctypes.c_void_p], restype=ctypes.c_int32)
 
 
 DECODE_POINTERS = ("embedding", "sites", "x", "u", "orders", "flash", "lazy_y", "lazy_rho", "embedded", "v", "z",

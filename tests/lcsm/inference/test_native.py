@@ -60,12 +60,17 @@ def test_c_step_takes_strided_inputs_and_its_outputs_are_distinct_tensors(name, 
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "ctypes_without_python_headers"])
-def test_both_loaders_give_the_tensor_ops_results(fresh_library, monkeypatch, headers):
-    if native.compiler() is None or (headers and native.python_include() is None):
+@pytest.fixture(params=[True, False], ids=["extension_module", "ctypes_without_python_headers"])
+def headers(request, fresh_library, monkeypatch):
+    """Whether the library is built as the extension module (Python's headers found) or as a plain ctypes one."""
+    if native.compiler() is None or (request.param and native.python_include() is None):
         pytest.skip("no C compiler or no Python headers here")
-    if not headers:
+    if not request.param:
         monkeypatch.setattr(native, "python_include", lambda: None)
+    return request.param
+
+
+def test_both_loaders_give_the_tensor_ops_results(fresh_library, headers):
     rho, y = torch.randn(2, 3, 70, dtype=torch.float64), torch.randn(2, 1, 3, 70, dtype=torch.float64)
     for name, options in [("flash", {"tau": "fft", "block": 8}), ("lazy", {})]:
         in_c = build_engine(name, rho, 1, native_step=True, **options)
@@ -85,13 +90,8 @@ def test_the_extension_module_refuses_wrong_arguments_in_one_line():
         native.library().lazy_step_f64(0, 0, 1, 1, 0, "not an address", 0)
 
 
-@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "ctypes"])
-def test_the_float32_erf_of_the_decode_step_is_within_4e_7_of_the_exact_one(fresh_library, monkeypatch, headers):
+def test_the_float32_erf_of_the_decode_step_is_within_4e_7_of_the_exact_one(headers):
     """block_exit_f32's gelu uses a rational erf that vectorizes; libm's erff does not."""
-    if native.compiler() is None or (headers and native.python_include() is None):
-        pytest.skip("no C compiler or no Python headers here")
-    if not headers:
-        monkeypatch.setattr(native, "python_include", lambda: None)
     library = native.library()
     if not headers:
         library.erf_f32_array.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
@@ -148,13 +148,8 @@ def test_c_step_refuses_dtypes_it_has_no_code_for():
         build_engine("flash", torch.randn(1, 2, 8, dtype=torch.bfloat16), 1, native_step=True)
 
 
-@pytest.mark.parametrize("headers", [True, False], ids=["extension_module", "plain_library"])
-def test_source_compiles_without_warnings(tmp_path, monkeypatch, headers):
+def test_source_compiles_without_warnings(tmp_path, headers):
     cc = native.compiler()
-    if cc is None or (headers and native.python_include() is None):
-        pytest.skip("no C compiler or no Python headers here")
-    if not headers:
-        monkeypatch.setattr(native, "python_include", lambda: None)
     command = native.build_command(cc, tmp_path / "x.so")
     proc = subprocess.run([command[0], "-Wall", "-Wextra", "-Werror", *command[1:]], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
