@@ -134,13 +134,13 @@ def lazy_step(device: torch.device, dtype: torch.dtype):
                                                    ctypes.c_void_p, ctypes.c_void_p])
 
 
-def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, rows: torch.Tensor, L: int):
-    """A slot's arguments for the C flash step: A, Y (b, B, D), rho (b, D), rows (D, B, row_len), all contiguous;
-    the length L; and its `pending` flag (set when prefill begins a block; the step clears it). The caller keeps
-    the tensors alive as long as the returned structure."""
+def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, rows: torch.Tensor, tile: torch.Tensor, L: int):
+    """A slot's arguments for the C flash step: A, Y (b, B, D), rho (2b, D), rows (D, B, row_len), tile (b, B, D)
+    scratch, all contiguous; the length L; and its `pending` flag (set when prefill begins a block; the step clears
+    it). The caller keeps the tensors alive as long as the returned structure."""
     b, B, D = A.shape
-    ctype, pointers = _pointers((A, Y, rho, rows), "the C flash step")
-    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "rows"), ("b", "B", "D", "L", "row_len", "pending"))
+    ctype, pointers = _pointers((A, Y, rho, rows, tile), "the C flash step")
+    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "rows", "tile"), ("b", "B", "D", "L", "row_len", "pending"))
     return cls(*pointers, b, B, D, L, rows.shape[-1], 0)
 
 

@@ -1,3 +1,4 @@
+import gc
 import json
 
 import matplotlib.image
@@ -5,7 +6,7 @@ import pytest
 import torch
 
 from lcsm.inference import native
-from lcsm.inference.bench import main
+from lcsm.inference.bench import gc_paused, main
 
 
 def test_bench_writes_records_and_plot(tmp_path, capsys):
@@ -83,3 +84,18 @@ def test_a_decode_step_that_cannot_be_compiled_names_the_eager_fallback(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: compiling the decode step failed (RuntimeError: Compiler: cc is not found.)")
     assert err[-1].endswith("(decode='eager' or 'native', or --decode eager|native)")
+
+
+def test_timed_loops_pause_the_garbage_collector_and_leave_it_as_it_was():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a step failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -33,7 +33,10 @@ def run(engine, y_GBDL, P):
 
 
 @pytest.mark.parametrize("name,options", CONFIGS)
-@pytest.mark.parametrize("L,P", [(1, 0), (2, 1), (16, 0), (37, 0), (37, 1), (37, 20), (64, 64), (64, 33)])
+# (200, 70): flash's default block (64) with its C step, whose own tile of 64 lands whole at 64 and cut short
+# at 192 (8 outputs left).
+@pytest.mark.parametrize("L,P", [(1, 0), (2, 1), (16, 0), (37, 0), (37, 1), (37, 20), (64, 64), (64, 33),
+                                 (200, 70)])
 def test_engine_equals_fft_convolution_float64(name, options, L, P):
     gen = torch.Generator().manual_seed(L + P)
     G, B, D = 3, 2, 4
@@ -80,6 +83,9 @@ def test_flash_tiles_batched_over_slots_equal_per_slot_and_the_choice_is_reporte
     plan = chosen.describe()
     assert list(plan) == [4, 8, 16, 32]
     for U, how in plan.items():
+        if U == chosen.c_tile:  # the smallest tile, done by the C step after its block
+            assert how == "C, in the step"
+            continue
         tau, batching = how.split(", ")
         assert tau in ("fft", "direct", "conv1d") and batching == ("all slots" if chosen.batched[U] else "per slot")
 
@@ -92,6 +98,26 @@ def test_step_checks_shape_and_slot_every_time(name):
     for slot in (-1, 3):
         with pytest.raises(ValueError, match=r"slot must be in \[0, 3\), got " + str(slot)):
             engine.step(torch.randn(2, 4), slot)
+    assert engine.pos == 0
+
+
+@pytest.mark.parametrize("name,options", CONFIGS)
+def test_step_writes_into_out_where_given_and_refuses_a_wrong_one(name, options):
+    gen = torch.Generator().manual_seed(3)
+    rho, y = torch.randn(2, 4, 20, generator=gen), torch.randn(20, 2, 3, 4, generator=gen)
+    fresh, into = build_engine(name, rho, 3, **options), build_engine(name, rho, 3, **options)
+    for t in range(20):
+        for g in range(2):
+            z, out = fresh.step(y[t, g], g), torch.empty(3, 4)
+            assert into.step(y[t, g], g, out=out) is out
+            torch.testing.assert_close(out, z, rtol=0, atol=0)
+    engine = build_engine(name, rho, 3, **options)
+    wrong = {r"got \(3, 5\)": torch.empty(3, 5), "got \\(3, 4\\) torch.float64": torch.empty(3, 4, dtype=torch.float64),
+             r"got \(3, 4\) torch.float32 on cpu \(not contiguous\)": torch.empty(4, 3).T}
+    for message, out in wrong.items():
+        with pytest.raises(ValueError, match=r"out must be a contiguous \(3, 4\) tensor of torch.float32 on cpu, "
+                           + message):
+            engine.step(y[0, 0], out=out)
     assert engine.pos == 0
 
 
