@@ -254,17 +254,18 @@ class FlashConv(OnlineConv):
                         for U in self.sizes}
         """Tile size -> whether one tau call serves every slot (after the last slot's step)."""
         self.block_mask = b - 1
+        self.c_tiles = 2 * b if self.c_step else 0
+        """The largest tile size that the C step does itself, after its block (prefill's tiles still use tau): the
+        two smallest, where tau's FFTs and their tensor ops cost the most per multiply-add."""
         self.c_slots = self._c_slots() if self.c_step else None
-        self.c_tile = b if self.c_step else 0
-        """The tile size that the C step does itself after its block (prefill's tiles of that size still use tau)."""
 
     def _c_slots(self) -> list[int]:
         """The C step's per-slot arguments: addresses of structures (and tensors) that this engine keeps alive."""
-        b = self.block
-        self._rho_G2bD = F.pad(self.rho_GDL[..., : 2 * b], (0, max(0, 2 * b - self.L))).transpose(1, 2).contiguous()
-        self._tile_scratch = self.rho_GDL.new_empty(self.G, b, self.B, self.D)
-        self._c_structs = [native.slot(self.A[g], self.Y[g], self._rho_G2bD[g], self.acc_slot[g],
-                                       self._tile_scratch[g], self.L) for g in range(self.G)]
+        self._rho_GbD = self.rho0.new_zeros(self.G, self.block, self.D)
+        self._rho_GbD[:, 0], self._rho_GbD[:, 1:] = self.rho0[:, 0], self.rho_lags[:, :, 0]
+        self._filters = self.rho_GDL.contiguous()
+        self._c_structs = [native.slot(self.A[g], self.Y[g], self._rho_GbD[g], self.acc_slot[g], self._filters[g],
+                                       self.c_tiles) for g in range(self.G)]
         return [ctypes.addressof(s) for s in self._c_structs]
 
     def _batching_wins(self, U: int) -> bool:
@@ -280,7 +281,7 @@ class FlashConv(OnlineConv):
         """Per tile size: the tau that ran it (hybrid's choice, once used) and whether it served every slot."""
         out = {}
         for U in self.sizes:
-            if U == self.c_tile:
+            if U <= self.c_tiles:
                 out[U] = "C, in the step"
                 continue
             tau = self.tau if self.batched[U] else self.slot_taus[-1]
@@ -295,7 +296,7 @@ class FlashConv(OnlineConv):
         acc_RBL[..., lo : hi + 1] += out_RBU[..., lo - t - 1 : hi - t]
 
     def tiles_after_position(self, t: int) -> None:
-        if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) != self.c_tile:
+        if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) > self.c_tiles:
             for slot in range(self.G):
                 self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
 
@@ -331,7 +332,7 @@ class FlashConv(OnlineConv):
         if self.c_step is not None:
             y_BD, z_BD = self._c_io(y_BD, out)
             self.c_step(self.c_slots[slot], t, y_BD.data_ptr(), z_BD.data_ptr())
-            if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) != self.c_tile:
+            if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) > self.c_tiles:
                 self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
             return z_BD
         b = self.block

@@ -134,14 +134,17 @@ def lazy_step(device: torch.device, dtype: torch.dtype):
                                                    ctypes.c_void_p, ctypes.c_void_p])
 
 
-def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, rows: torch.Tensor, tile: torch.Tensor, L: int):
-    """A slot's arguments for the C flash step: A, Y (b, B, D), rho (2b, D), rows (D, B, row_len), tile (b, B, D)
-    scratch, all contiguous; the length L; and its `pending` flag (set when prefill begins a block; the step clears
-    it). The caller keeps the tensors alive as long as the returned structure."""
+def slot(A: torch.Tensor, Y: torch.Tensor, rho: torch.Tensor, rows: torch.Tensor, filter_DL: torch.Tensor,
+         tiles: int):
+    """A slot's arguments for the C flash step: A, Y (b, B, D), rho (b, D), rows (D, B, row_len) and the slot's
+    filters (D, L), all contiguous; the largest tile size the step does itself (0: none); and its `pending` flag
+    (set when prefill begins a block; the step clears it). The caller keeps the tensors alive as long as the
+    returned structure."""
     b, B, D = A.shape
-    ctype, pointers = _pointers((A, Y, rho, rows, tile), "the C flash step")
-    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "rows", "tile"), ("b", "B", "D", "L", "row_len", "pending"))
-    return cls(*pointers, b, B, D, L, rows.shape[-1], 0)
+    ctype, pointers = _pointers((A, Y, rho, rows, filter_DL), "the C flash step")
+    cls = _struct("FlashSlot", ctype, ("A", "Y", "rho", "rows", "filter"),
+                  ("b", "B", "D", "L", "row_len", "pending", "tiles"))
+    return cls(*pointers, b, B, D, filter_DL.shape[-1], rows.shape[-1], 0, tiles)
 
 
 def _pointers(tensors: tuple[torch.Tensor, ...], what: str):

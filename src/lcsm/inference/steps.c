@@ -5,12 +5,13 @@ First, one step of FlashConv (lcsm/inference/engines.py) for one slot, in one ca
 At D = 64, B = 1 a step is ~100 multiply-adds, and each tensor op costs microseconds of dispatch; this does the
 same arithmetic for a few hundred nanoseconds (equal to the tensor path up to rounding: the compiler may fuse a
 multiply and an add into one).
-Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums and inputs; rho (2b, D), lags
-0 .. 2b-1; rows (D, B, row_len), per position p the tiles' sums for output p until p's block begins, then (once the
-block is complete) the input y_p, which the tiles read; tile (b, B, D), scratch.
-The smallest tile (size b, after every other block) is done here too, directly: b^2 multiply-adds per row, in
-registers along the channels. As an FFT or a batched matmul in torch it cost several times that (cold caches, 4
-tensor ops), about 0.6 us per position at b = 64, D = 64.
+Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums and inputs; rho (b, D), lags
+0 .. b-1; rows (D, B, row_len), per position p the tiles' sums for output p until p's block begins, then (once the
+block is complete) the input y_p, which the tiles read; filter (D, L), the slot's filters.
+The smallest tiles (sizes b up to `tiles`, after a block whose end is an odd multiple of the size) are done here
+too, directly, along each row: U^2 multiply-adds. As FFTs or a batched matmul in torch they cost several times
+that on a CPU (cold caches, four tensor ops): at b = 64, D = 64, about 0.6 us per position for the tile of 64 and
+0.5 for 128, against 0.15 and 0.3 here.
 */
 #ifndef _POSIX_C_SOURCE /* for clock_gettime under -std=c11 (Python.h defines a newer one) */
 #define _POSIX_C_SOURCE 199309L
@@ -23,9 +24,11 @@ tensor ops), about 0.6 us per position at b = 64, D = 64.
   typedef struct {                                                                                              \
     T *A, *Y;                                                                                                   \
     const T *rho;                                                                                               \
-    T *rows, *tile;                                                                                             \
+    T *rows;                                                                                                    \
+    const T *filter;                                                                                            \
     int64_t b, B, D, L, row_len;                                                                                \
     int64_t pending; /* the block was begun by prefill: the tiles' sums are added to A (and Y kept), not copied */ \
+    int64_t tiles;   /* the largest tile size done here (0: none) */                                           \
   } NAME##_slot;                                                                                                \
                                                                                                                 \
   void NAME(NAME##_slot *s, int64_t t, const T *y, T *z) {                                                      \
@@ -59,21 +62,18 @@ tensor ops), about 0.6 us per position at b = 64, D = 64.
         T *dst = s->rows + (d * B + j) * s->row_len + start;                                                    \
         for (int64_t i = 0; i < b; i++) dst[i] = s->Y[i * BD + j * D + d];                                      \
       }                                                                                                         \
-    if (((t + 1) & (2 * b - 1)) != b) return;                                                                   \
-    /* The tile of size b: inputs t-b+1 .. t (Y[k]) reach outputs t+1+m through lags b+m-k. */                  \
-    const int64_t outs = t + b < s->L ? b : s->L - 1 - t;                                                       \
-    memset(s->tile, 0, sizeof(T) * outs * BD);                                                                  \
-    for (int64_t m = 0; m < outs; m++)                                                                          \
-      for (int64_t k = 0; k < b; k++) {                                                                         \
-        T *out = s->tile + m * BD;                                                                              \
-        const T *y_k = s->Y + k * BD, *rho_k = s->rho + (b + m - k) * D;                                        \
-        for (int64_t j = 0; j < B; j++)                                                                         \
-          for (int64_t d = 0; d < D; d++) out[j * D + d] += y_k[j * D + d] * rho_k[d];                          \
-      }                                                                                                         \
+    const int64_t U = (t + 1) & -(t + 1); /* the tile launched after this block: inputs t-U+1 .. t */          \
+    if (U > s->tiles) return;                                                                                   \
+    const int64_t outs = t + U < s->L ? U : s->L - 1 - t;                                                       \
     for (int64_t d = 0; d < D; d++)                                                                             \
       for (int64_t j = 0; j < B; j++) {                                                                         \
-        T *dst = s->rows + (d * B + j) * s->row_len + t + 1;                                                    \
-        for (int64_t m = 0; m < outs; m++) dst[m] += s->tile[m * BD + j * D + d];                               \
+        T *row = s->rows + (d * B + j) * s->row_len;                                                            \
+        const T *y_k = row + t - U + 1, *lags = s->filter + d * s->L + U; /* lags[m - k]: lag U + m - k */      \
+        T *out = row + t + 1;                                                                                   \
+        for (int64_t k = 0; k < U; k++) {                                                                       \
+          const T y_in = y_k[k], *f = lags - k;                                                                 \
+          _Pragma("omp simd") for (int64_t m = 0; m < outs; m++) out[m] += y_in * f[m];                         \
+        }                                                                                                       \
       }                                                                                                         \
   }
 
