@@ -14,7 +14,7 @@ costs its number of calls. Three implementations, all equal to the modules' arit
   148 us per token outside the long convolutions at 16K, against 316-348 us compiled (D=64, 4 layers, B=1).
   Where the engine's steps are in C too (flash, lazy at B = 1), the whole token is one C call (decode_token:
   the embedding, every boundary, every engine step and the gates between them), and flash's tiles follow it:
-  64 us per token outside the long convolutions at 16K.
+  39 us per token outside the long convolutions at 16K (64 in the previous release).
 The weights are rearranged once per decode state:
 - each RMSNorm's weight (and sqrt(D)) is folded into the projection after it; the norm leaves one scale per row;
 - in_proj's output channels [d, p] become groups [p, d], so the value and each gate are (B, D) slices;

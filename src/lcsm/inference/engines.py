@@ -202,7 +202,7 @@ class FlashConv(OnlineConv):
     (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
     less overhead, G calls keep the working set of a long tile in cache.
     native_step: the step as one C call instead of tensor ops (see OnlineConv._c_function); None (default) where
-    it can be built.
+    it can be built. The C step also does the tiles of size block and 2 block itself (`c_tiles`).
     """
 
     name = "flash"

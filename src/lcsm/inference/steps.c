@@ -178,7 +178,8 @@ BLOCK_EXIT(block_exit_f64, double, sqrt, erf)
 /* One generated token in one call: decode.NativeDecodeState with a flash or lazy engine whose steps are in C. The
 embedding, then per block the boundary before it (block_exit: the previous block's end and this one's entry), its
 long convolutions' steps with the gates between them, and the head; the same arithmetic as the per-call path.
-The tiles are FFTs in torch, so the caller runs them after the call (they only feed later positions). Layouts:
+Tiles beyond flash's two smallest are FFTs in torch: the caller runs them after the call (they feed later positions).
+Layouts:
 x[i] (B, D) site i's output; u[i] (B, N_i + 1, D) block i's short conv output (the value, then its N_i gates);
 flash[slot] the engine's slots, or NULL and lazy_y, lazy_rho (lazy at B = 1); embedded, z, gate scratch (B, D).
 Returns 0, or -1 when a token is outside [0, vocab) (nothing is written then). */
