@@ -295,10 +295,16 @@ class FlashConv(OnlineConv):
         lo, hi = max(t + 1, first_out), min(t + U, self.L - 1)
         acc_RBL[..., lo : hi + 1] += out_RBU[..., lo - t - 1 : hi - t]
 
+    def _tau_tile_after_block(self, t: int) -> int:
+        """The size of the tile that tau runs after a C step's block ending at t, or 0: none after the last
+        position, and the C step did the smallest ones itself. (Callers test for a block's end first: it is
+        one step in `block`, and this is a call.)"""
+        return lowbit(t + 1) if t + 1 < self.L and lowbit(t + 1) > self.c_tiles else 0
+
     def tiles_after_position(self, t: int) -> None:
-        if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) > self.c_tiles:
+        if t & self.block_mask == self.block_mask and (U := self._tau_tile_after_block(t)):
             for slot in range(self.G):
-                self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
+                self._tiles_after(slot, t, U, first_out=t + 1)
 
     def _tiles_after(self, slot: int, t: int, U: int, first_out: int) -> None:
         """The tile of size U launched after slot's step t: its own, or every slot's once the last one has stepped."""
@@ -332,8 +338,8 @@ class FlashConv(OnlineConv):
         if self.c_step is not None:
             y_BD, z_BD = self._c_io(y_BD, out)
             self.c_step(self.c_slots[slot], t, y_BD.data_ptr(), z_BD.data_ptr())
-            if t & self.block_mask == self.block_mask and t + 1 < self.L and lowbit(t + 1) > self.c_tiles:
-                self._tiles_after(slot, t, lowbit(t + 1), first_out=t + 1)
+            if t & self.block_mask == self.block_mask and (U := self._tau_tile_after_block(t)):
+                self._tiles_after(slot, t, U, first_out=t + 1)
             return z_BD
         b = self.block
         o = t & (b - 1)
