@@ -7,15 +7,15 @@ nothing. A file that cannot be read or written only costs the timing again.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from titan.tools.native import processor
 
 _CHOICES: dict[str, dict[str, str]] = {}
 """Sections of the cache file read so far: machine -> {key: choice}."""
@@ -25,15 +25,8 @@ def cache_file() -> Path:
     return Path(os.environ.get("LCSM_CACHE_DIR") or Path.home() / ".cache" / "lcsm") / "autotune.json"
 
 
-@functools.cache
-def _processor() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.machine())
-
-
 def machine(device: torch.device) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _processor()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else processor()
     return f"{name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 

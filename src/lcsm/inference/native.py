@@ -13,16 +13,12 @@ extension module (steps_module.c: a call costs about 40 ns), else as a plain lib
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
 import importlib.machinery
 import importlib.util
 import logging
-import os
-import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -30,20 +26,13 @@ from pathlib import Path
 import torch
 
 from lcsm.inference import autotune
+from titan.tools.native import FLAGS, LIBS, build_once, compiler
 
 logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("steps.c")
 MODULE_SOURCE = Path(__file__).with_name("steps_module.c")
 MODULE = "_lcsm_steps"
-# -fno-trapping-math lets the float32 erf's clamps vectorize (no code here reads floating-point exception flags).
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC",
-         "-std=c11"]
-LIBS = ["-lm"]  # after the source: a linker with --as-needed drops libraries named before their use
 CTYPES = {torch.float32: ("f32", ctypes.c_float), torch.float64: ("f64", ctypes.c_double)}
-
-
-def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def python_include() -> str | None:
@@ -77,19 +66,11 @@ def library():
         logger.warning("lcsm: no C compiler (cc, gcc or clang, or $CC); engine steps run as tensor ops (slower)")
         return None
     path = library_path(cc)
-    if not path.is_file():
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.so")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(build_command(cc, tmp), check=True, capture_output=True, text=True)
-            tmp.replace(path)  # atomic: a concurrent process loads the old library or the new one
-        except (OSError, subprocess.CalledProcessError) as e:
-            with contextlib.suppress(OSError):  # the folder itself may be what failed
-                tmp.unlink(missing_ok=True)
-            detail = (getattr(e, "stderr", "") or str(e)).strip().splitlines() or [type(e).__name__]
-            logger.warning(f"lcsm: building {SOURCE.name} with {cc} into {path.parent} failed ({detail[-1]}); "
-                           "engine steps run as tensor ops (slower)")
-            return None
+    error = build_once(path, lambda out: build_command(cc, out))
+    if error is not None:
+        logger.warning(f"lcsm: building {SOURCE.name} with {cc} into {path.parent} failed ({error}); "
+                       "engine steps run as tensor ops (slower)")
+        return None
     try:
         return _load(path)
     except (OSError, ImportError) as e:  # a damaged file, or one built against another C library on a shared home
