@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
+from morphens.fused import bn_relu, max_pool2
 
 BN_EPS = 1e-5
 """Every BatchNorm's eps (the identity layers that morphisms insert are built with it)."""
@@ -23,7 +24,7 @@ class ConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.conv(x)))
+        return bn_relu(self.conv(x), self.bn)
 
 
 class LinearBN(nn.Module):
@@ -33,7 +34,7 @@ class LinearBN(nn.Module):
         self.bn = nn.BatchNorm1d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.fc(x)))
+        return bn_relu(self.fc(x), self.bn)
 
 
 class ResBlock(nn.Module):
@@ -45,7 +46,7 @@ class ResBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(width, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+        return F.relu(x + self.bn2(self.conv2(bn_relu(self.conv1(x), self.bn1))))
 
 
 class ResStage(nn.Module):
@@ -96,7 +97,7 @@ class Net(nn.Module):
                 x = stage(x)
             return self.head(x)
         for i, stage in enumerate(self.layers.values()):
-            x = F.max_pool2d(x, 2) if i else x
+            x = max_pool2(x) if i else x
             x = stage(x)
         # The head conv covers the whole map, so it is a matmul over the flattened features: as F.linear its
         # forward and backward cost half of what a full-map convolution does on CPU (a fixed cost of every step,

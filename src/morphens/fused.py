@@ -1,0 +1,151 @@
+"""Training-mode BatchNorm + ReLU, and 2x2 max pooling, in C for the small conv nets morphens trains on a CPU.
+
+Why: at 6-35 channels a net's time on a CPU goes to these memory-bound layers more than to its convolutions
+(for the fashion sweep's mother: ATen's max_pool2d 22% of a step, BatchNorm and ReLU forward and backward 24%,
+the convolutions 39%), and ATen's kernels pay per element what a single pass in C does not (`kernels.c`, about 4x
+less for BatchNorm + ReLU and 3x less for the pooling on this 2-core box). A mother's time shrinks more than a
+member's, since its activations weigh more against its FLOPs.
+
+The C code serves float32 CPU tensors, contiguous, with torch on one thread (morphens' default: the kernels are
+serial), in eager mode. Elsewhere (other dtypes or devices, DTensors, more threads, torch.compile, no C compiler)
+the torch ops run. Results agree: the pooling's values and gradients equal torch's bit for bit, BatchNorm's to
+float rounding (its sums run in another order). The library is built on first use into
+$MORPHENS_CACHE_DIR/native (default ~/.cache/morphens), about a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from titan.tools.native import FLAGS, LIBS, build_once, compiler, processor
+
+logger = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("kernels.c")
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+SIGNATURES = {
+    "bn_relu_forward_f32": [_P] * 6 + [_I] * 3 + [_D],
+    "bn_relu_backward_f32": [_P] * 9 + [_I] * 3 + [_D],
+    "max_pool2_forward_f32": [_P] * 3 + [_I] * 3,
+    "max_pool2_backward_f32": [_P] * 3 + [_I] * 3,
+}
+FALLBACK = "BatchNorm + ReLU and max pooling run as torch ops (slower)"
+
+
+def build_command(cc: str, out: Path) -> list[str]:
+    return [cc, *FLAGS, str(SOURCE), "-o", str(out), *LIBS]
+
+
+def library_path(cc: str) -> Path:
+    """One file per source, compiler, flags and processor."""
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{build_command(cc, Path('out'))} {processor()}".encode())
+    cache = Path(os.environ.get("MORPHENS_CACHE_DIR") or Path.home() / ".cache" / "morphens")
+    return cache / "native" / f"kernels-{key.hexdigest()[:16]}.so"
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (logged once) where they cannot be built or loaded here."""
+    cc = compiler()
+    if cc is None:
+        logger.warning(f"morphens: no C compiler (cc, gcc or clang, or $CC); {FALLBACK}")
+        return None
+    path = library_path(cc)
+    error = build_once(path, lambda out: build_command(cc, out))
+    if error is not None:
+        logger.warning(f"morphens: building {SOURCE.name} with {cc} into {path.parent} failed ({error}); {FALLBACK}")
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # a damaged file, or one built against another C library on a shared home
+        logger.warning(f"morphens: loading {path} failed ({e}); {FALLBACK}; delete it to rebuild")
+        return None
+    for name, argtypes in SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+    return lib
+
+
+def _served(*tensors: torch.Tensor) -> bool:
+    """Whether the C kernels take these tensors here (plain CPU float32 contiguous tensors, one thread, eager)."""
+    return (all(type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+                and t.is_contiguous() for t in tensors)
+            and torch.get_num_threads() == 1 and not torch.compiler.is_compiling() and library() is not None)
+
+
+def _call(kernel: str, *args) -> None:
+    """Runs a kernel of kernels.c, passing tensors as their data pointers."""
+    getattr(library(), kernel)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+class _BatchNormReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+        y, mean, var = torch.empty_like(x), x.new_empty(x.shape[1]), x.new_empty(x.shape[1])
+        B, C = x.shape[:2]
+        _call("bn_relu_forward_f32", x, y, weight, bias, mean, var, B, C, x[0, 0].numel(), eps)
+        ctx.save_for_backward(x, y, weight, mean, var)
+        ctx.eps = eps
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor, _dmean, _dvar):
+        x, y, weight, mean, var = ctx.saved_tensors
+        dy, dx = dy.contiguous(), torch.empty_like(x)
+        dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
+        B, C = x.shape[:2]
+        _call("bn_relu_backward_f32", x, y, dy, dx, weight, mean, var, dweight, dbias, B, C, x[0, 0].numel(), ctx.eps)
+        return dx, dweight, dbias, None
+
+
+def bn_relu(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
+    """`F.relu(bn(x))`, with its running statistics updated as `bn` would in training mode."""
+    fused = (bn.training and bn.affine and bn.track_running_stats and bn.momentum is not None and x.dim() == 4
+             and x.numel() > x.shape[1] and _served(x, bn.weight, bn.bias))
+    if not fused:
+        return F.relu(bn(x))
+    y, mean, var = _BatchNormReLU.apply(x, bn.weight, bn.bias, bn.eps)
+    with torch.no_grad():
+        n = x.numel() // x.shape[1]
+        bn.running_mean.lerp_(mean, bn.momentum)
+        bn.running_var.lerp_(var * (n / (n - 1)), bn.momentum)  # the running variance is the unbiased one
+        bn.num_batches_tracked.add_(1)
+    return y
+
+
+class _MaxPool2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor):
+        H, W = x.shape[-2:]
+        out = x.new_empty(*x.shape[:-2], H // 2, W // 2)
+        which = torch.empty(out.shape, dtype=torch.uint8)
+        _call("max_pool2_forward_f32", x, out, which, x[..., 0, 0].numel(), H, W)
+        ctx.save_for_backward(which)
+        ctx.in_shape = x.shape
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: torch.Tensor):
+        (which,) = ctx.saved_tensors
+        dout, dx = dout.contiguous(), dout.new_empty(ctx.in_shape)
+        H, W = ctx.in_shape[-2:]
+        _call("max_pool2_backward_f32", dout, which, dx, which[..., 0, 0].numel(), H, W)
+        return dx
+
+
+def max_pool2(x: torch.Tensor) -> torch.Tensor:
+    """`F.max_pool2d(x, 2)` of a (N, C, H, W) tensor."""
+    if x.dim() == 4 and min(x.shape[-2:]) >= 2 and x.numel() and _served(x):
+        return _MaxPool2.apply(x)
+    return F.max_pool2d(x, 2)
