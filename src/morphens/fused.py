@@ -1,4 +1,5 @@
-"""Training-mode BatchNorm + ReLU, and 2x2 max pooling, in C for the small conv nets morphens trains on a CPU.
+"""Training-mode BatchNorm + ReLU, 2x2 max pooling and one-channel convolutions in C, for the small conv nets
+morphens trains on a CPU.
 
 Why: at 6-35 channels a net's time on a CPU goes to these memory-bound layers more than to its convolutions
 (for the fashion sweep's mother: ATen's max_pool2d 22% of a step, BatchNorm and ReLU forward and backward 24%,
@@ -37,7 +38,10 @@ SIGNATURES = {
     "bn_relu_backward_f32": [_P] * 9 + [_I] * 3 + [_D],
     "max_pool2_forward_f32": [_P] * 3 + [_I] * 3,
     "max_pool2_backward_f32": [_P] * 3 + [_I] * 3,
+    "conv1_forward_f32": [_P] * 3 + [_I] * 5,
+    "conv1_weight_grad_f32": [_P] * 4 + [_I] * 5,
 }
+RETURNS = {"conv1_forward_f32": ctypes.c_int, "conv1_weight_grad_f32": ctypes.c_int}
 FALLBACK = "BatchNorm + ReLU and max pooling run as torch ops (slower)"
 
 
@@ -70,7 +74,7 @@ def library() -> ctypes.CDLL | None:
         logger.warning(f"morphens: loading {path} failed ({e}); {FALLBACK}; delete it to rebuild")
         return None
     for name, argtypes in SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).argtypes, getattr(lib, name).restype = argtypes, RETURNS.get(name)
     return lib
 
 
@@ -83,7 +87,8 @@ def _served(*tensors: torch.Tensor) -> bool:
 
 def _call(kernel: str, *args) -> None:
     """Runs a kernel of kernels.c, passing tensors as their data pointers."""
-    getattr(library(), kernel)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+    if getattr(library(), kernel)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)) == 0:
+        raise MemoryError(f"morphens.fused: {kernel} could not allocate its scratch planes")
 
 
 class _BatchNormReLU(torch.autograd.Function):
@@ -149,3 +154,34 @@ def max_pool2(x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 4 and min(x.shape[-2:]) >= 2 and x.numel() and _served(x):
         return _MaxPool2.apply(x)
     return F.max_pool2d(x, 2)
+
+
+class _Conv1(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor):
+        (B, _, H, W), (C, _, K, _) = x.shape, weight.shape
+        y = x.new_empty(B, C, H, W)
+        _call("conv1_forward_f32", x, weight, y, B, C, H, W, K)
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        (B, _, H, W), (C, _, K, _) = x.shape, weight.shape
+        dy, dweight = dy.contiguous(), torch.empty_like(weight)
+        _call("conv1_weight_grad_f32", x, dy, dweight, torch.empty(C * K * K, dtype=torch.float64), B, C, H, W, K)
+        dx = torch.nn.grad.conv2d_input(x.shape, weight, dy, padding=K // 2) if ctx.needs_input_grad[0] else None
+        return dx, dweight
+
+
+def conv(x: torch.Tensor, conv2d: nn.Conv2d) -> torch.Tensor:
+    """`conv2d(x)`; in C for one input channel (a grayscale net's first layer, where oneDNN's kernels run at a few
+    GFLOP/s), stride 1, odd square kernel, "same" zero padding and no bias."""
+    k = conv2d.kernel_size[0]
+    if (conv2d.in_channels == 1 and conv2d.kernel_size == (k, k) and k % 2 and conv2d.padding == (k // 2, k // 2)
+            and conv2d.stride == (1, 1) and conv2d.dilation == (1, 1) and conv2d.groups == 1 and conv2d.bias is None
+            and conv2d.padding_mode == "zeros" and x.dim() == 4 and x.numel() and _served(x, conv2d.weight)):
+        return _Conv1.apply(x, conv2d.weight)
+    return conv2d(x)

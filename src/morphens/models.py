@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
-from morphens.fused import bn_relu, max_pool2
+from morphens.fused import bn_relu, conv, max_pool2
 
 BN_EPS = 1e-5
 """Every BatchNorm's eps (the identity layers that morphisms insert are built with it)."""
@@ -24,7 +24,7 @@ class ConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bn_relu(self.conv(x), self.bn)
+        return bn_relu(conv(x, self.conv), self.bn)
 
 
 class LinearBN(nn.Module):

@@ -1,7 +1,7 @@
-"""The C BatchNorm + ReLU and 2x2 max pooling (which has no training mode) against torch's ops: the pooling
-equal bit for bit (values and gradients, with ties, NaN and odd sizes), BatchNorm to float rounding (outputs,
-gradients, running statistics); where the kernels do not apply the torch ops run, and a missing compiler only
-costs speed."""
+"""The C BatchNorm + ReLU, 2x2 max pooling (which has no training mode) and one-channel convolution against
+torch's ops: the pooling equal bit for bit (values and gradients, with ties, NaN and odd sizes), the others to
+float rounding (outputs, gradients, BatchNorm's running statistics); where the kernels do not apply the torch ops
+run, and a missing compiler only costs speed."""
 
 import copy
 import logging
@@ -51,6 +51,14 @@ def test_bn_relu_equals_batchnorm_then_relu_in_training_mode(shape, offset):
         torch.testing.assert_close(getattr(ours, name), buffer, atol=1e-5, rtol=1e-5)
 
 
+def test_bn_relu_is_as_exact_as_torch_far_from_zero():
+    """Inputs around 1000 +- 3: a float32 sum of squares would lose the variance; the shifted sums do not."""
+    x = torch.randn(5, 3, 7, 9, generator=torch.Generator().manual_seed(0)) * 3 + 1000
+    exact = F.relu(nn.BatchNorm2d(3).double()(x.double()))
+    ours, theirs = fused.bn_relu(x, nn.BatchNorm2d(3)), F.relu(nn.BatchNorm2d(3)(x))
+    assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max()
+
+
 def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes():
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(-2, 3, (3, 4, 9, 7), generator=gen).float()  # many ties, zeros among them, as after a ReLU
@@ -62,6 +70,29 @@ def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes():
     assert type(ours.grad_fn).__name__ == "_MaxPool2Backward"
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(grads(ours, x)[0], grads(theirs, x)[0])
+
+
+@pytest.mark.parametrize("kernel, size", [(3, (28, 28)), (5, (7, 9)), (1, (4, 4)), (7, (3, 5))])
+def test_one_channel_conv_equals_torch_to_rounding(kernel, size):
+    gen = torch.Generator().manual_seed(0)
+    layer = nn.Conv2d(1, 6, kernel, padding=kernel // 2, bias=False)
+    x = torch.randn(5, 1, *size, generator=gen).requires_grad_()
+    ours, theirs = fused.conv(x, layer), layer(x)
+    assert type(ours.grad_fn).__name__ == "_Conv1Backward"
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads(ours, x, layer.weight), grads(theirs, x, layer.weight)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layer", [nn.Conv2d(2, 4, 3, padding=1, bias=False), nn.Conv2d(1, 4, 3, padding=1),
+                                   nn.Conv2d(1, 4, 3, padding=1, stride=2, bias=False),
+                                   nn.Conv2d(1, 4, 2, padding=1, bias=False), nn.Conv2d(1, 4, 3, bias=False)],
+                         ids=["two_channels", "bias", "stride", "even_kernel", "no_padding"])
+def test_other_convolutions_run_as_torch_ops(layer):
+    x = torch.randn(2, layer.in_channels, 6, 6)
+    y = fused.conv(x, layer)
+    assert type(y.grad_fn).__name__ == "ConvolutionBackward0"
+    torch.testing.assert_close(y, layer(x))
 
 
 @pytest.mark.parametrize("case", ["float64", "two_threads", "strided", "eval_mode", "compiled"])
