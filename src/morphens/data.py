@@ -113,10 +113,7 @@ def augment(x: torch.Tensor, pad: int, flip: bool, gen: torch.Generator) -> torc
         mirrored = torch.rand(n, 1, 1, generator=gen) < 0.5
         cols = torch.where(mirrored, cols.flip(-1), cols)
     index = torch.arange(n).view(n, 1, 1)
-    # Channels-first strides again, even for one channel (where `contiguous()` keeps the gather's): convolutions
-    # follow their input's layout, and morphens.fused's kernels take channels-first activations only.
-    shifted = padded.permute(0, 2, 3, 1)[index, rows, cols].permute(0, 3, 1, 2)
-    return shifted.clone(memory_format=torch.contiguous_format)
+    return padded.permute(0, 2, 3, 1)[index, rows, cols].permute(0, 3, 1, 2)
 
 
 class Loader:

@@ -77,12 +77,6 @@ def test_augment_shifts_and_flips_whole_images():
         assert any(torch.equal(img, c) or torch.equal(img, c.flip(-1)) for c in crops)
 
 
-def test_augmented_batches_are_channels_first_contiguous_as_the_fused_kernels_want():
-    for channels in (1, 3):
-        out = augment(torch.randn(4, channels, 6, 6), 2, True, torch.Generator().manual_seed(0))
-        assert out.is_contiguous() and out.stride(1) == 36
-
-
 @pytest.mark.skipif(not Path(FASHION_MNIST_DIR).exists(),
                     reason="Fashion-MNIST absent: `apt-get install -y dataset-fashion-mnist` to run this test")
 def test_fashion_mnist_from_the_debian_package():
