@@ -1,17 +1,18 @@
 """Training-mode BatchNorm + ReLU, 2x2 max pooling and one-channel convolutions in C, for the small conv nets
 morphens trains on a CPU.
 
-Why: at 6-35 channels a net's time on a CPU goes to these memory-bound layers more than to its convolutions
-(for the fashion sweep's mother: ATen's max_pool2d 22% of a step, BatchNorm and ReLU forward and backward 24%,
-the convolutions 39%), and ATen's kernels pay per element what a single pass in C does not (`kernels.c`, about 4x
-less for BatchNorm + ReLU and 3x less for the pooling on this 2-core box). A mother's time shrinks more than a
-member's, since its activations weigh more against its FLOPs.
+Why: at 6-35 channels a net's step on a CPU goes less to its FLOPs than to memory-bound layers and oneDNN's
+weakest case. For the fashion sweep's mother with ATen's kernels, max_pool2d took 22% of a step, BatchNorm and ReLU
+(forward and backward) 23%, and its first convolution (one input channel) ran at 3-6 GFLOP/s. In C, on this 2-core
+box: BatchNorm + ReLU about 4.5x less time, the pooling about 3x, that convolution about 2x. A mother gains more
+than a member, since its activations weigh more against its FLOPs.
 
-The C code serves float32 CPU tensors, contiguous, with torch on one thread (morphens' default: the kernels are
-serial), in eager mode. Elsewhere (other dtypes or devices, DTensors, more threads, torch.compile, no C compiler)
-the torch ops run. Results agree: the pooling's values and gradients equal torch's bit for bit, BatchNorm's to
-float rounding (its sums run in another order). The library is built on first use into
-$MORPHENS_CACHE_DIR/native (default ~/.cache/morphens), about a second.
+The C code serves float32 CPU tensors, channels-first or channels-last (a net keeps its input's layout; morphens'
+nets run channels-last, where oneDNN's convolutions are faster), with torch on one thread (morphens' default: the
+kernels are serial), in eager mode. Elsewhere (other dtypes or devices, DTensors, strided views, more threads,
+torch.compile, no C compiler) the torch ops run. Results agree: the pooling's values and gradients equal torch's
+bit for bit, BatchNorm's and the convolution's to float rounding (their sums run in another order). The library
+is built on first use into $MORPHENS_CACHE_DIR/native (default ~/.cache/morphens), about a second.
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 SIGNATURES = {
     "bn_relu_forward_f32": [_P] * 6 + [_I] * 3 + [_D],
     "bn_relu_backward_f32": [_P] * 9 + [_I] * 3 + [_D],
+    "bn_relu_forward_nhwc_f32": [_P] * 6 + [_I] * 2 + [_D],
+    "bn_relu_backward_nhwc_f32": [_P] * 9 + [_I] * 2 + [_D],
     "max_pool2_forward_f32": [_P] * 3 + [_I] * 3,
     "max_pool2_backward_f32": [_P] * 3 + [_I] * 3,
-    "conv1_forward_f32": [_P] * 3 + [_I] * 5,
-    "conv1_weight_grad_f32": [_P] * 4 + [_I] * 5,
+    "max_pool2_forward_nhwc_f32": [_P] * 3 + [_I] * 4,
+    "max_pool2_backward_nhwc_f32": [_P] * 3 + [_I] * 4,
+    "conv1_forward_f32": [_P] * 3 + [_I] * 6,
+    "conv1_weight_grad_f32": [_P] * 4 + [_I] * 6,
 }
-RETURNS = {"conv1_forward_f32": ctypes.c_int, "conv1_weight_grad_f32": ctypes.c_int}
+RETURNS = {name: ctypes.c_int for name in ("conv1_forward_f32", "conv1_weight_grad_f32", "bn_relu_forward_nhwc_f32",
+                                           "bn_relu_backward_nhwc_f32")}
 FALLBACK = "BatchNorm + ReLU and max pooling run as torch ops (slower)"
 
 
@@ -79,26 +85,49 @@ def library() -> ctypes.CDLL | None:
 
 
 def _served(*tensors: torch.Tensor) -> bool:
-    """Whether the C kernels take these tensors here (plain CPU float32 contiguous tensors, one thread, eager)."""
+    """Whether the C kernels take these tensors here (plain CPU float32 tensors, one thread, eager mode)."""
     return (all(type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
-                and t.is_contiguous() for t in tensors)
+                for t in tensors)
             and torch.get_num_threads() == 1 and not torch.compiler.is_compiling() and library() is not None)
+
+
+def channels_last(x: torch.Tensor) -> bool | None:
+    """How a (N, C, H, W) tensor lies in memory for the kernels: True channels-last, False channels-first, None
+    neither (a strided view). Read from the strides as oneDNN does, so that one channel can be either."""
+    if x.stride(1) == 1 and x.is_contiguous(memory_format=torch.channels_last):
+        return True
+    return False if x.is_contiguous() else None
+
+
+def _dense(t: torch.Tensor, nhwc: bool) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+
+
+def _empty(shape: tuple[int, ...], nhwc: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized (N, C, H, W) tensor in the given layout."""
+    if not nhwc:
+        return torch.empty(shape, dtype=dtype)
+    n, c, h, w = shape
+    return torch.empty(n, h, w, c, dtype=dtype).permute(0, 3, 1, 2)
 
 
 def _call(kernel: str, *args) -> None:
     """Runs a kernel of kernels.c, passing tensors as their data pointers."""
     if getattr(library(), kernel)(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)) == 0:
-        raise MemoryError(f"morphens.fused: {kernel} could not allocate its scratch planes")
+        raise MemoryError(f"morphens.fused: {kernel} could not allocate its scratch")
 
 
 class _BatchNormReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, nhwc: bool):
         y, mean, var = torch.empty_like(x), x.new_empty(x.shape[1]), x.new_empty(x.shape[1])
         B, C = x.shape[:2]
-        _call("bn_relu_forward_f32", x, y, weight, bias, mean, var, B, C, x[0, 0].numel(), eps)
+        if nhwc:
+            _call("bn_relu_forward_nhwc_f32", x, y, weight, bias, mean, var, x.numel() // C, C, eps)
+        else:
+            _call("bn_relu_forward_f32", x, y, weight, bias, mean, var, B, C, x[0, 0].numel(), eps)
         ctx.save_for_backward(x, y, weight, mean, var)
-        ctx.eps = eps
+        ctx.eps, ctx.nhwc = eps, nhwc
         ctx.mark_non_differentiable(mean, var)
         return y, mean, var
 
@@ -106,20 +135,26 @@ class _BatchNormReLU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy: torch.Tensor, _dmean, _dvar):
         x, y, weight, mean, var = ctx.saved_tensors
-        dy, dx = dy.contiguous(), torch.empty_like(x)
+        dy, dx = _dense(dy, ctx.nhwc), torch.empty_like(x)
         dweight, dbias = torch.empty_like(weight), torch.empty_like(weight)
         B, C = x.shape[:2]
-        _call("bn_relu_backward_f32", x, y, dy, dx, weight, mean, var, dweight, dbias, B, C, x[0, 0].numel(), ctx.eps)
-        return dx, dweight, dbias, None
+        if ctx.nhwc:
+            _call("bn_relu_backward_nhwc_f32", x, y, dy, dx, weight, mean, var, dweight, dbias, x.numel() // C, C,
+                  ctx.eps)
+        else:
+            _call("bn_relu_backward_f32", x, y, dy, dx, weight, mean, var, dweight, dbias, B, C, x[0, 0].numel(),
+                  ctx.eps)
+        return dx, dweight, dbias, None, None
 
 
 def bn_relu(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
     """`F.relu(bn(x))`, with its running statistics updated as `bn` would in training mode."""
-    fused = (bn.training and bn.affine and bn.track_running_stats and bn.momentum is not None and x.dim() == 4
+    nhwc = channels_last(x) if x.dim() == 4 else None
+    fused = (bn.training and bn.affine and bn.track_running_stats and bn.momentum is not None and nhwc is not None
              and x.numel() > x.shape[1] and _served(x, bn.weight, bn.bias))
     if not fused:
         return F.relu(bn(x))
-    y, mean, var = _BatchNormReLU.apply(x, bn.weight, bn.bias, bn.eps)
+    y, mean, var = _BatchNormReLU.apply(x, bn.weight, bn.bias, bn.eps, nhwc)
     with torch.no_grad():
         n = x.numel() // x.shape[1]
         bn.running_mean.lerp_(mean, bn.momentum)
@@ -130,39 +165,46 @@ def bn_relu(x: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tenso
 
 class _MaxPool2(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor):
-        H, W = x.shape[-2:]
-        out = x.new_empty(*x.shape[:-2], H // 2, W // 2)
-        which = torch.empty(out.shape, dtype=torch.uint8)
-        _call("max_pool2_forward_f32", x, out, which, x[..., 0, 0].numel(), H, W)
+    def forward(ctx, x: torch.Tensor, nhwc: bool):
+        B, C, H, W = x.shape
+        out, which = _empty((B, C, H // 2, W // 2), nhwc), _empty((B, C, H // 2, W // 2), nhwc, torch.uint8)
+        if nhwc:
+            _call("max_pool2_forward_nhwc_f32", x, out, which, B, H, W, C)
+        else:
+            _call("max_pool2_forward_f32", x, out, which, B * C, H, W)
         ctx.save_for_backward(which)
-        ctx.in_shape = x.shape
+        ctx.in_shape, ctx.nhwc = x.shape, nhwc
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout: torch.Tensor):
         (which,) = ctx.saved_tensors
-        dout, dx = dout.contiguous(), dout.new_empty(ctx.in_shape)
-        H, W = ctx.in_shape[-2:]
-        _call("max_pool2_backward_f32", dout, which, dx, which[..., 0, 0].numel(), H, W)
-        return dx
+        B, C, H, W = ctx.in_shape
+        dout, dx = _dense(dout, ctx.nhwc), _empty(ctx.in_shape, ctx.nhwc)
+        if ctx.nhwc:
+            _call("max_pool2_backward_nhwc_f32", dout, which, dx, B, H, W, C)
+        else:
+            _call("max_pool2_backward_f32", dout, which, dx, B * C, H, W)
+        return dx, None
 
 
 def max_pool2(x: torch.Tensor) -> torch.Tensor:
     """`F.max_pool2d(x, 2)` of a (N, C, H, W) tensor."""
-    if x.dim() == 4 and min(x.shape[-2:]) >= 2 and x.numel() and _served(x):
-        return _MaxPool2.apply(x)
+    nhwc = channels_last(x) if x.dim() == 4 else None
+    if nhwc is not None and min(x.shape[-2:]) >= 2 and x.numel() and _served(x):
+        return _MaxPool2.apply(x, nhwc)
     return F.max_pool2d(x, 2)
 
 
 class _Conv1(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, nhwc: bool):
         (B, _, H, W), (C, _, K, _) = x.shape, weight.shape
-        y = x.new_empty(B, C, H, W)
-        _call("conv1_forward_f32", x, weight, y, B, C, H, W, K)
+        y = _empty((B, C, H, W), nhwc)
+        _call("conv1_forward_f32", x, weight, y, B, C, H, W, K, nhwc)
         ctx.save_for_backward(x, weight)
+        ctx.nhwc = nhwc
         return y
 
     @staticmethod
@@ -170,18 +212,21 @@ class _Conv1(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, weight = ctx.saved_tensors
         (B, _, H, W), (C, _, K, _) = x.shape, weight.shape
-        dy, dweight = dy.contiguous(), torch.empty_like(weight)
-        _call("conv1_weight_grad_f32", x, dy, dweight, torch.empty(C * K * K, dtype=torch.float64), B, C, H, W, K)
+        dy, dweight = _dense(dy, ctx.nhwc), torch.empty_like(weight)
+        _call("conv1_weight_grad_f32", x, dy, dweight, torch.empty(C * K * K, dtype=torch.float64), B, C, H, W, K,
+              ctx.nhwc)
         dx = torch.nn.grad.conv2d_input(x.shape, weight, dy, padding=K // 2) if ctx.needs_input_grad[0] else None
-        return dx, dweight
+        return dx, dweight, None
 
 
 def conv(x: torch.Tensor, conv2d: nn.Conv2d) -> torch.Tensor:
     """`conv2d(x)`; in C for one input channel (a grayscale net's first layer, where oneDNN's kernels run at a few
-    GFLOP/s), stride 1, odd square kernel, "same" zero padding and no bias."""
+    GFLOP/s), stride 1, odd square kernel, "same" zero padding and no bias. The output takes the input's layout."""
     k = conv2d.kernel_size[0]
+    nhwc = channels_last(x) if x.dim() == 4 else None
     if (conv2d.in_channels == 1 and conv2d.kernel_size == (k, k) and k % 2 and conv2d.padding == (k // 2, k // 2)
             and conv2d.stride == (1, 1) and conv2d.dilation == (1, 1) and conv2d.groups == 1 and conv2d.bias is None
-            and conv2d.padding_mode == "zeros" and x.dim() == 4 and x.numel() and _served(x, conv2d.weight)):
-        return _Conv1.apply(x, conv2d.weight)
+            and conv2d.padding_mode == "zeros" and nhwc is not None and x.numel() and conv2d.weight.is_contiguous()
+            and _served(x, conv2d.weight)):
+        return _Conv1.apply(x, conv2d.weight, nhwc)
     return conv2d(x)

@@ -1,4 +1,5 @@
-/* The memory-bound layers of small conv nets on a CPU, float32, NCHW contiguous, one thread (see fused.py).
+/* The memory-bound layers of small conv nets on a CPU, float32, one thread (see fused.py): NCHW contiguous, and
+ * channels-last (NHWC in memory) twins further down.
  *
  * bn_relu_*: training-mode BatchNorm followed by ReLU. Statistics over (B, H, W) per channel, biased variance,
  * as torch's batch_norm. The sums run over a shift (the channel's first value) so that a mean far from zero
@@ -135,7 +136,8 @@ void max_pool2_backward_f32(const float *restrict dout, const uint8_t *restrict 
 }
 
 /* conv1_*: a convolution of one input channel (a grayscale net's first layer), stride 1, zero padding K/2, odd K,
- * no bias: x (B, 1, H, W), weight (C, 1, K, K), y (B, C, H, W). oneDNN's kernels run at a few GFLOP/s there.
+ * no bias: x (B, 1, H, W), weight (C, 1, K, K), y (B, C, H, W), or (B, H, W, C) in memory where nhwc. oneDNN's
+ * kernels run at a few GFLOP/s there.
  * Each image is copied into a zero-padded plane of row length W + K - 1; an output plane in that row length is
  * then K*K shifted multiply-adds of the whole plane (long vector loops); the pad columns are dropped at the end. */
 /* GCC's and clang's vectors: 16 floats, split by the compiler where the machine's vectors are shorter. */
@@ -174,7 +176,7 @@ static void planes_load(Planes *s, const float *restrict image) {
 
 /* Returns 0 when its scratch cannot be allocated (the caller then uses torch's convolution). */
 int conv1_forward_f32(const float *restrict x, const float *restrict weight, float *restrict y, int64_t B,
-                      int64_t C, int64_t H, int64_t W, int64_t K) {
+                      int64_t C, int64_t H, int64_t W, int64_t K, int64_t nhwc) {
     Planes s;
     if (!planes_open(&s, H, W, K)) {
         planes_close(&s);
@@ -200,9 +202,16 @@ int conv1_forward_f32(const float *restrict x, const float *restrict weight, flo
                 memcpy(s.yp + i0 + 32, &a2, sizeof a2);
                 memcpy(s.yp + i0 + 48, &a3, sizeof a3);
             }
-            float *out = y + (b * C + c) * H * W;
-            for (int64_t h = 0; h < H; h++)
-                memcpy(out + h * W, s.yp + h * s.Wp, sizeof(float) * (size_t)W);
+            if (nhwc) {
+                float *out = y + b * H * W * C + c;
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t w = 0; w < W; w++)
+                        out[(h * W + w) * C] = s.yp[h * s.Wp + w];
+            } else {
+                float *out = y + (b * C + c) * H * W;
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(out + h * W, s.yp + h * s.Wp, sizeof(float) * (size_t)W);
+            }
         }
     }
     planes_close(&s);
@@ -211,7 +220,8 @@ int conv1_forward_f32(const float *restrict x, const float *restrict weight, flo
 
 /* dweight (C, 1, K, K) of conv1_forward given dy (B, C, H, W); acc: C*K*K doubles of scratch. */
 int conv1_weight_grad_f32(const float *restrict x, const float *restrict dy, float *restrict dweight,
-                          double *restrict acc, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K) {
+                          double *restrict acc, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K,
+                          int64_t nhwc) {
     Planes s;
     if (!planes_open(&s, H, W, K)) {
         planes_close(&s);
@@ -222,9 +232,16 @@ int conv1_weight_grad_f32(const float *restrict x, const float *restrict dy, flo
     for (int64_t b = 0; b < B; b++) {
         planes_load(&s, x + b * H * W);
         for (int64_t c = 0; c < C; c++) {
-            const float *g = dy + (b * C + c) * H * W;
-            for (int64_t h = 0; h < H; h++)
-                memcpy(s.yp + h * s.Wp, g + h * W, sizeof(float) * (size_t)W);
+            if (nhwc) {
+                const float *g = dy + b * H * W * C + c;
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t w = 0; w < W; w++)
+                        s.yp[h * s.Wp + w] = g[(h * W + w) * C];
+            } else {
+                const float *g = dy + (b * C + c) * H * W;
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(s.yp + h * s.Wp, g + h * W, sizeof(float) * (size_t)W);
+            }
             const float *restrict gp = s.yp;
             for (int64_t t = 0; t < K * K; t++) {
                 const float *restrict xs = s.xp + (t / K) * s.Wp + t % K;
@@ -240,4 +257,190 @@ int conv1_weight_grad_f32(const float *restrict x, const float *restrict dy, flo
         dweight[i] = (float)acc[i];
     planes_close(&s);
     return 1;
+}
+
+/* The channels-last twins: x is n = B*H*W*C values in memory, value i of channel i % C. They walk it in blocks of
+ * L = 16*C values (whole pixels and whole vectors) against per-channel values repeated L/C times, so that every
+ * loop is a long vector loop whatever C is; the n % L values left at the end run one by one. */
+typedef struct {
+    int64_t C, L;
+    float *f;  /* 7 arrays of L floats */
+    double *d; /* 2 arrays of C doubles */
+} Blocks;
+
+static int blocks_open(Blocks *s, int64_t C) {
+    s->C = C, s->L = 16 * C;
+    s->f = malloc(sizeof(float) * (size_t)(7 * s->L));
+    s->d = malloc(sizeof(double) * (size_t)(2 * C));
+    return s->f && s->d;
+}
+
+static int blocks_fail(Blocks *s) {
+    free(s->f);
+    free(s->d);
+    return 0;
+}
+
+static void repeat(const Blocks *s, float *restrict pattern, const float *restrict per_channel) {
+    for (int64_t j = 0; j < s->L; j++)
+        pattern[j] = per_channel[j % s->C];
+}
+
+/* Per-channel sums of two quantities over the n values: BODY adds value i's to fa[j] and fb[j] (j = i mod L, so
+ * channel j % C); those L-float partial sums are folded into d[0..C) and d[C..2C) in doubles every 64 blocks, so
+ * that no float sum grows long. */
+#define CHANNEL_SUMS(s, n, fa, fb, BODY)                                                                       \
+    do {                                                                                                        \
+        for (int64_t c = 0; c < 2 * (s)->C; c++)                                                               \
+            (s)->d[c] = 0;                                                                                      \
+        const int64_t whole = (n) / (s)->L * (s)->L;                                                           \
+        for (int64_t i0 = 0;; i0 += 64 * (s)->L) {                                                             \
+            for (int64_t j = 0; j < (s)->L; j++)                                                               \
+                fa[j] = fb[j] = 0;                                                                              \
+            const int64_t i1 = i0 + 64 * (s)->L < whole ? i0 + 64 * (s)->L : whole;                           \
+            for (int64_t b0 = i0; b0 < i1; b0 += (s)->L) {                                                     \
+                _Pragma("omp simd") for (int64_t j = 0; j < (s)->L; j++) {                                     \
+                    const int64_t i = b0 + j;                                                                   \
+                    BODY                                                                                        \
+                }                                                                                               \
+            }                                                                                                   \
+            if (i1 == whole)                                                                                    \
+                for (int64_t i = whole; i < (n); i++) {                                                        \
+                    const int64_t j = i - whole;                                                                \
+                    BODY                                                                                        \
+                }                                                                                               \
+            for (int64_t j = 0; j < (s)->L; j++) {                                                             \
+                (s)->d[j % (s)->C] += fa[j];                                                                    \
+                (s)->d[(s)->C + j % (s)->C] += fb[j];                                                           \
+            }                                                                                                   \
+            if (i1 == whole)                                                                                    \
+                break;                                                                                          \
+        }                                                                                                       \
+    } while (0)
+
+int bn_relu_forward_nhwc_f32(const float *restrict x, float *restrict y, const float *restrict weight,
+                             const float *restrict bias, float *restrict mean, float *restrict var, int64_t P,
+                             int64_t C, double eps) {
+    Blocks s;
+    if (!blocks_open(&s, C))
+        return blocks_fail(&s);
+    const int64_t n = P * C, L = s.L;
+    float *shift = s.f, *f1 = s.f + L, *f2 = s.f + 2 * L, *scale = s.f + 3 * L, *mp = s.f + 4 * L,
+          *bp = s.f + 5 * L, *tmp = s.f + 6 * L;
+    repeat(&s, shift, x);
+    CHANNEL_SUMS(&s, n, f1, f2, {
+        const float d = x[i] - shift[j];
+        f1[j] += d;
+        f2[j] += d * d;
+    });
+    const double count = (double)P;
+    for (int64_t c = 0; c < C; c++) {
+        const double m = s.d[c] / count, v = s.d[C + c] / count - m * m > 0 ? s.d[C + c] / count - m * m : 0;
+        mean[c] = (float)(x[c] + m);
+        var[c] = (float)v;
+        tmp[c] = (float)(weight[c] / sqrt((double)var[c] + eps));
+    }
+    repeat(&s, scale, tmp);
+    repeat(&s, mp, mean);
+    repeat(&s, bp, bias);
+    const int64_t whole = n / L * L;
+    for (int64_t b0 = 0; b0 < whole; b0 += L) {
+#pragma omp simd
+        for (int64_t j = 0; j < L; j++) {
+            const float t = (x[b0 + j] - mp[j]) * scale[j] + bp[j];
+            y[b0 + j] = t > 0 ? t : 0;
+        }
+    }
+    for (int64_t i = whole; i < n; i++) {
+        const float t = (x[i] - mp[i - whole]) * scale[i - whole] + bp[i - whole];
+        y[i] = t > 0 ? t : 0;
+    }
+    blocks_fail(&s);
+    return 1;
+}
+
+int bn_relu_backward_nhwc_f32(const float *restrict x, const float *restrict y, const float *restrict dy,
+                              float *restrict dx, const float *restrict weight, const float *restrict mean,
+                              const float *restrict var, float *restrict dweight, float *restrict dbias, int64_t P,
+                              int64_t C, double eps) {
+    Blocks s;
+    if (!blocks_open(&s, C))
+        return blocks_fail(&s);
+    const int64_t n = P * C, L = s.L;
+    float *mp = s.f, *f = s.f + L, *fx = s.f + 2 * L, *kp = s.f + 3 * L, *ap = s.f + 4 * L, *rp = s.f + 5 * L,
+          *tmp = s.f + 6 * L;
+    repeat(&s, mp, mean);
+    CHANNEL_SUMS(&s, n, f, fx, {
+        const float g = y[i] > 0 ? dy[i] : 0;
+        f[j] += g;
+        fx[j] += g * (x[i] - mp[j]);
+    });
+    const double count = (double)P;
+    for (int64_t c = 0; c < C; c++) {
+        const double invstd = 1.0 / sqrt((double)var[c] + eps), sum = s.d[c], sumx = s.d[C + c];
+        dweight[c] = (float)(sumx * invstd);
+        dbias[c] = (float)sum;
+        tmp[c] = (float)(weight[c] * invstd);
+        f[c] = (float)(sum / count);
+        fx[c] = (float)(sumx * invstd * invstd / count);
+    }
+    repeat(&s, kp, tmp);
+    repeat(&s, ap, f);
+    repeat(&s, rp, fx);
+    const int64_t whole = n / L * L;
+    for (int64_t b0 = 0; b0 < whole; b0 += L) {
+#pragma omp simd
+        for (int64_t j = 0; j < L; j++) {
+            const float g = y[b0 + j] > 0 ? dy[b0 + j] : 0;
+            dx[b0 + j] = kp[j] * (g - ap[j] - (x[b0 + j] - mp[j]) * rp[j]);
+        }
+    }
+    for (int64_t i = whole; i < n; i++) {
+        const int64_t j = i - whole;
+        const float g = y[i] > 0 ? dy[i] : 0;
+        dx[i] = kp[j] * (g - ap[j] - (x[i] - mp[j]) * rp[j]);
+    }
+    blocks_fail(&s);
+    return 1;
+}
+
+/* x: B x H x W x C; out and which: B x H/2 x W/2 x C (which as in max_pool2_forward_f32). */
+void max_pool2_forward_nhwc_f32(const float *restrict x, float *restrict out, uint8_t *restrict which, int64_t B,
+                                int64_t H, int64_t W, int64_t C) {
+    const int64_t H2 = H / 2, W2 = W / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < H2; i++)
+            for (int64_t j = 0; j < W2; j++) {
+                const float *v[4] = {x + ((b * H + 2 * i) * W + 2 * j) * C, NULL, NULL, NULL};
+                v[1] = v[0] + C, v[2] = v[0] + W * C, v[3] = v[2] + C;
+                float *o = out + ((b * H2 + i) * W2 + j) * C;
+                uint8_t *k = which + ((b * H2 + i) * W2 + j) * C;
+                for (int64_t c = 0; c < C; c++) {
+                    float best = v[0][c];
+                    uint8_t at = 0;
+                    for (uint8_t t = 1; t < 4; t++)
+                        if (v[t][c] > best || isnan(v[t][c])) {
+                            best = v[t][c];
+                            at = t;
+                        }
+                    o[c] = best;
+                    k[c] = at;
+                }
+            }
+}
+
+void max_pool2_backward_nhwc_f32(const float *restrict dout, const uint8_t *restrict which, float *restrict dx,
+                                 int64_t B, int64_t H, int64_t W, int64_t C) {
+    const int64_t H2 = H / 2, W2 = W / 2;
+    memset(dx, 0, sizeof(float) * (size_t)(B * H * W * C));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < H2; i++)
+            for (int64_t j = 0; j < W2; j++) {
+                const int64_t o = ((b * H2 + i) * W2 + j) * C;
+                float *d = dx + ((b * H + 2 * i) * W + 2 * j) * C;
+                for (int64_t c = 0; c < C; c++) {
+                    const int t = which[o + c];
+                    d[((t >> 1) * W + (t & 1)) * C + c] = dout[o + c];
+                }
+            }
 }

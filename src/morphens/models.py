@@ -11,10 +11,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
-from morphens.fused import bn_relu, conv, max_pool2
+from morphens.fused import bn_relu, channels_last, conv, max_pool2
 
 BN_EPS = 1e-5
 """Every BatchNorm's eps (the identity layers that morphisms insert are built with it)."""
+
+
+def to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """x in channels-last memory with strides that say so, also for one channel (where `contiguous(memory_format)`
+    keeps channels-first strides): each layer keeps its input's layout, and at these widths oneDNN's convolutions
+    take 0.6-0.87x the time in channels-last (forward + backward, each of the fashion sweep's nets)."""
+    if channels_last(x):
+        return x
+    return x.new_empty(x.shape[0], *x.shape[2:], x.shape[1]).permute(0, 3, 1, 2).copy_(x)
 
 
 class ConvBN(nn.Module):
@@ -96,6 +105,7 @@ class Net(nn.Module):
             for stage in self.layers.values():
                 x = stage(x)
             return self.head(x)
+        x = to_channels_last(x)
         for i, stage in enumerate(self.layers.values()):
             x = max_pool2(x) if i else x
             x = stage(x)

@@ -14,7 +14,7 @@ from torch import nn
 
 from morphens import fused
 from morphens.arch import VGG, Conv
-from morphens.models import build
+from morphens.models import build, to_channels_last
 
 
 @pytest.fixture
@@ -32,18 +32,25 @@ def grads(x, *tensors, seed=1):
     return torch.autograd.grad(x, tensors, dy)
 
 
-@pytest.mark.parametrize("shape, offset", [((16, 6, 28, 28), 0.0), ((5, 3, 7, 9), 50.0), ((2, 4, 1, 1), 0.0)],
-                         ids=["mother_layer", "odd_far_from_zero", "one_pixel"])
-def test_bn_relu_equals_batchnorm_then_relu_in_training_mode(shape, offset):
+def laid_out(x, layout):
+    """x in channels-first or channels-last memory (strides that say so, also for one channel)."""
+    return x.contiguous() if layout == "nchw" else to_channels_last(x)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape, offset", [((16, 6, 28, 28), 0.0), ((5, 3, 7, 9), 50.0), ((2, 4, 1, 1), 0.0),
+                                           ((3, 35, 5, 5), 0.0), ((3, 2, 683, 1), 0.0)],
+                         ids=["mother_layer", "odd_far_from_zero", "one_pixel", "member_width", "two_flushes_and_2"])
+def test_bn_relu_equals_batchnorm_then_relu_in_training_mode(shape, offset, layout):
     gen = torch.Generator().manual_seed(0)
-    x = (torch.randn(shape, generator=gen) * 3 + offset).requires_grad_()
+    x = laid_out(torch.randn(shape, generator=gen) * 3 + offset, layout).requires_grad_()
     ours, theirs = nn.BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1])
     with torch.no_grad():
         for bn in (ours, theirs):
             bn.weight.copy_(torch.linspace(0.5, 2, shape[1]))
             bn.bias.copy_(torch.linspace(-1, 1, shape[1]))
     y_ours, y_theirs = fused.bn_relu(x, ours), F.relu(theirs(x))
-    assert type(y_ours.grad_fn).__name__ == "_BatchNormReLUBackward"
+    assert type(y_ours.grad_fn).__name__ == "_BatchNormReLUBackward" and y_ours.stride() == x.stride()
     torch.testing.assert_close(y_ours, y_theirs, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads(y_ours, x, ours.weight, ours.bias), grads(y_theirs, x, theirs.weight, theirs.bias)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
@@ -51,34 +58,38 @@ def test_bn_relu_equals_batchnorm_then_relu_in_training_mode(shape, offset):
         torch.testing.assert_close(getattr(ours, name), buffer, atol=1e-5, rtol=1e-5)
 
 
-def test_bn_relu_is_as_exact_as_torch_far_from_zero():
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_bn_relu_is_as_exact_as_torch_far_from_zero(layout):
     """Inputs around 1000 +- 3: a float32 sum of squares would lose the variance; the shifted sums do not."""
-    x = torch.randn(5, 3, 7, 9, generator=torch.Generator().manual_seed(0)) * 3 + 1000
+    x = laid_out(torch.randn(5, 3, 7, 9, generator=torch.Generator().manual_seed(0)) * 3 + 1000, layout)
     exact = F.relu(nn.BatchNorm2d(3).double()(x.double()))
     ours, theirs = fused.bn_relu(x, nn.BatchNorm2d(3)), F.relu(nn.BatchNorm2d(3)(x))
     assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max()
 
 
-def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes():
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes(layout):
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(-2, 3, (3, 4, 9, 7), generator=gen).float()  # many ties, zeros among them, as after a ReLU
     x[0, 0, :2, :2] = float("nan")
     x[0, 1, 0, 1] = float("nan")
     x[1, 0, :2, :2] = float("-inf")
-    x.requires_grad_()
+    x = laid_out(x, layout).requires_grad_()
     ours, theirs = fused.max_pool2(x), F.max_pool2d(x, 2)
-    assert type(ours.grad_fn).__name__ == "_MaxPool2Backward"
+    assert type(ours.grad_fn).__name__ == "_MaxPool2Backward" and fused.channels_last(ours) == (layout == "nhwc")
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(grads(ours, x)[0], grads(theirs, x)[0])
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("kernel, size", [(3, (28, 28)), (5, (7, 9)), (1, (4, 4)), (7, (3, 5))])
-def test_one_channel_conv_equals_torch_to_rounding(kernel, size):
+def test_one_channel_conv_equals_torch_to_rounding(kernel, size, layout):
+    """The output takes the input's layout, which one channel only shows in its strides."""
     gen = torch.Generator().manual_seed(0)
     layer = nn.Conv2d(1, 6, kernel, padding=kernel // 2, bias=False)
-    x = torch.randn(5, 1, *size, generator=gen).requires_grad_()
+    x = laid_out(torch.randn(5, 1, *size, generator=gen), layout).requires_grad_()
     ours, theirs = fused.conv(x, layer), layer(x)
-    assert type(ours.grad_fn).__name__ == "_Conv1Backward"
+    assert type(ours.grad_fn).__name__ == "_Conv1Backward" and fused.channels_last(ours) == (layout == "nhwc")
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads(ours, x, layer.weight), grads(theirs, x, layer.weight)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -1,1 +1,1 @@
-"""Cross-cutting helpers: the command-line runner, logging, profiling, fault injection."""
+"""Cross-cutting helpers: the command-line runner, logging, profiling, fault injection, building C code."""
