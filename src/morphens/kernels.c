@@ -275,7 +275,7 @@ static int blocks_open(Blocks *s, int64_t C) {
     return s->f && s->d;
 }
 
-static int blocks_fail(Blocks *s) {
+static int blocks_close(Blocks *s) {  /* returns 0, the failure code */
     free(s->f);
     free(s->d);
     return 0;
@@ -318,12 +318,28 @@ static void repeat(const Blocks *s, float *restrict pattern, const float *restri
         }                                                                                                       \
     } while (0)
 
+/* BODY for each value i of the n, with j = i mod L: a vector loop over whole blocks, then the rest one by one. */
+#define EACH_VALUE(n, L, BODY)                                                                                 \
+    do {                                                                                                        \
+        const int64_t whole = (n) / (L) * (L);                                                                 \
+        for (int64_t b0 = 0; b0 < whole; b0 += (L)) {                                                          \
+            _Pragma("omp simd") for (int64_t j = 0; j < (L); j++) {                                            \
+                const int64_t i = b0 + j;                                                                       \
+                BODY                                                                                            \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int64_t i = whole; i < (n); i++) {                                                                \
+            const int64_t j = i - whole;                                                                        \
+            BODY                                                                                                \
+        }                                                                                                       \
+    } while (0)
+
 int bn_relu_forward_nhwc_f32(const float *restrict x, float *restrict y, const float *restrict weight,
                              const float *restrict bias, float *restrict mean, float *restrict var, int64_t P,
                              int64_t C, double eps) {
     Blocks s;
     if (!blocks_open(&s, C))
-        return blocks_fail(&s);
+        return blocks_close(&s);
     const int64_t n = P * C, L = s.L;
     float *shift = s.f, *f1 = s.f + L, *f2 = s.f + 2 * L, *scale = s.f + 3 * L, *mp = s.f + 4 * L,
           *bp = s.f + 5 * L, *tmp = s.f + 6 * L;
@@ -343,19 +359,11 @@ int bn_relu_forward_nhwc_f32(const float *restrict x, float *restrict y, const f
     repeat(&s, scale, tmp);
     repeat(&s, mp, mean);
     repeat(&s, bp, bias);
-    const int64_t whole = n / L * L;
-    for (int64_t b0 = 0; b0 < whole; b0 += L) {
-#pragma omp simd
-        for (int64_t j = 0; j < L; j++) {
-            const float t = (x[b0 + j] - mp[j]) * scale[j] + bp[j];
-            y[b0 + j] = t > 0 ? t : 0;
-        }
-    }
-    for (int64_t i = whole; i < n; i++) {
-        const float t = (x[i] - mp[i - whole]) * scale[i - whole] + bp[i - whole];
+    EACH_VALUE(n, L, {
+        const float t = (x[i] - mp[j]) * scale[j] + bp[j];
         y[i] = t > 0 ? t : 0;
-    }
-    blocks_fail(&s);
+    });
+    blocks_close(&s);
     return 1;
 }
 
@@ -365,7 +373,7 @@ int bn_relu_backward_nhwc_f32(const float *restrict x, const float *restrict y, 
                               int64_t C, double eps) {
     Blocks s;
     if (!blocks_open(&s, C))
-        return blocks_fail(&s);
+        return blocks_close(&s);
     const int64_t n = P * C, L = s.L;
     float *mp = s.f, *f = s.f + L, *fx = s.f + 2 * L, *kp = s.f + 3 * L, *ap = s.f + 4 * L, *rp = s.f + 5 * L,
           *tmp = s.f + 6 * L;
@@ -387,20 +395,11 @@ int bn_relu_backward_nhwc_f32(const float *restrict x, const float *restrict y, 
     repeat(&s, kp, tmp);
     repeat(&s, ap, f);
     repeat(&s, rp, fx);
-    const int64_t whole = n / L * L;
-    for (int64_t b0 = 0; b0 < whole; b0 += L) {
-#pragma omp simd
-        for (int64_t j = 0; j < L; j++) {
-            const float g = y[b0 + j] > 0 ? dy[b0 + j] : 0;
-            dx[b0 + j] = kp[j] * (g - ap[j] - (x[b0 + j] - mp[j]) * rp[j]);
-        }
-    }
-    for (int64_t i = whole; i < n; i++) {
-        const int64_t j = i - whole;
+    EACH_VALUE(n, L, {
         const float g = y[i] > 0 ? dy[i] : 0;
         dx[i] = kp[j] * (g - ap[j] - (x[i] - mp[j]) * rp[j]);
-    }
-    blocks_fail(&s);
+    });
+    blocks_close(&s);
     return 1;
 }
 
