@@ -46,8 +46,8 @@ SIGNATURES = {
     "conv1_forward_f32": [_P] * 3 + [_I] * 6,
     "conv1_weight_grad_f32": [_P] * 4 + [_I] * 6,
 }
-RETURNS = {name: ctypes.c_int for name in ("conv1_forward_f32", "conv1_weight_grad_f32", "bn_relu_forward_nhwc_f32",
-                                           "bn_relu_backward_nhwc_f32")}
+RETURNS = {name: ctypes.c_int for name in SIGNATURES if "nhwc" in name or name.startswith("conv1")}
+"""The kernels that allocate scratch, and return 0 where they cannot."""
 FALLBACK = "BatchNorm + ReLU and max pooling run as torch ops (slower)"
 
 

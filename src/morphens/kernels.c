@@ -83,6 +83,23 @@ void bn_relu_backward_f32(const float *restrict x, const float *restrict y, cons
     }
 }
 
+/* The maximum of a 2x2 window given in row-major order, by torch's rule; *at = its position (0-3). Branch-free,
+ * so that the loops calling it vectorize. */
+static inline float window_max(float v0, float v1, float v2, float v3, int32_t *at) {
+    float best = v0;
+    int32_t t = 0, c;
+    c = (v1 > best) | (v1 != v1);
+    best = c ? v1 : best;
+    t = c ? 1 : t;
+    c = (v2 > best) | (v2 != v2);
+    best = c ? v2 : best;
+    t = c ? 2 : t;
+    c = (v3 > best) | (v3 != v3);
+    best = c ? v3 : best;
+    *at = c ? 3 : t;
+    return best;
+}
+
 /* x: P planes of H x W; out and which (0-3: the window's row-major position of the maximum): P x H/2 x W/2.
  * Branch-free, in chunks of a row through an int32 scratch, so that the compiler vectorizes the windows. */
 void max_pool2_forward_f32(const float *restrict x, float *restrict out, uint8_t *restrict which, int64_t P,
@@ -97,24 +114,8 @@ void max_pool2_forward_f32(const float *restrict x, float *restrict out, uint8_t
                 float *o = out + (p * H2 + i) * W2 + j0;
                 uint8_t *k = which + (p * H2 + i) * W2 + j0;
                 const int64_t n = W2 - j0 < CHUNK ? W2 - j0 : CHUNK;
-                for (int64_t j = 0; j < n; j++) {
-                    float best = r0[2 * j], v;
-                    int32_t t = 0, c;
-                    v = r0[2 * j + 1];
-                    c = (v > best) | (v != v);
-                    best = c ? v : best;
-                    t = c ? 1 : t;
-                    v = r1[2 * j];
-                    c = (v > best) | (v != v);
-                    best = c ? v : best;
-                    t = c ? 2 : t;
-                    v = r1[2 * j + 1];
-                    c = (v > best) | (v != v);
-                    best = c ? v : best;
-                    t = c ? 3 : t;
-                    o[j] = best;
-                    at[j] = t;
-                }
+                for (int64_t j = 0; j < n; j++)
+                    o[j] = window_max(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], &at[j]);
                 for (int64_t j = 0; j < n; j++)
                     k[j] = (uint8_t)at[j];
             }
@@ -403,43 +404,62 @@ int bn_relu_backward_nhwc_f32(const float *restrict x, const float *restrict y, 
     return 1;
 }
 
-/* x: B x H x W x C; out and which: B x H/2 x W/2 x C (which as in max_pool2_forward_f32). */
-void max_pool2_forward_nhwc_f32(const float *restrict x, float *restrict out, uint8_t *restrict which, int64_t B,
-                                int64_t H, int64_t W, int64_t C) {
-    const int64_t H2 = H / 2, W2 = W / 2;
+/* x: B x H x W x C; out and which: B x H/2 x W/2 x C (which as in max_pool2_forward_f32). A row of output values
+ * reads its windows through one table of offsets (value q = j*C + c starts at input column 2j, channel c), so that
+ * the compiler vectorizes across pixels and channels alike with gathers, whatever C is. Returns 0 where the table
+ * cannot be allocated. */
+int max_pool2_forward_nhwc_f32(const float *restrict x, float *restrict out, uint8_t *restrict which, int64_t B,
+                               int64_t H, int64_t W, int64_t C) {
+    const int64_t H2 = H / 2, n = W / 2 * C;
+    int32_t *off = malloc(sizeof(int32_t) * (size_t)(2 * n)), *at = off + n;
+    if (!off)
+        return 0;
+    for (int64_t q = 0; q < n; q++)
+        off[q] = (int32_t)(q + q / C * C);
     for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < H2; i++)
-            for (int64_t j = 0; j < W2; j++) {
-                const float *v[4] = {x + ((b * H + 2 * i) * W + 2 * j) * C, NULL, NULL, NULL};
-                v[1] = v[0] + C, v[2] = v[0] + W * C, v[3] = v[2] + C;
-                float *o = out + ((b * H2 + i) * W2 + j) * C;
-                uint8_t *k = which + ((b * H2 + i) * W2 + j) * C;
-                for (int64_t c = 0; c < C; c++) {
-                    float best = v[0][c];
-                    uint8_t at = 0;
-                    for (uint8_t t = 1; t < 4; t++)
-                        if (v[t][c] > best || isnan(v[t][c])) {
-                            best = v[t][c];
-                            at = t;
-                        }
-                    o[c] = best;
-                    k[c] = at;
-                }
-            }
+        for (int64_t i = 0; i < H2; i++) {
+            const float *r0 = x + (b * H + 2 * i) * W * C, *r1 = r0 + W * C;
+            float *o = out + (b * H2 + i) * n;
+            for (int64_t q = 0; q < n; q++)
+                o[q] = window_max(r0[off[q]], r0[off[q] + C], r1[off[q]], r1[off[q] + C], &at[q]);
+            uint8_t *k = which + (b * H2 + i) * n;
+            for (int64_t q = 0; q < n; q++)
+                k[q] = (uint8_t)at[q];
+        }
+    free(off);
+    return 1;
 }
 
-void max_pool2_backward_nhwc_f32(const float *restrict dout, const uint8_t *restrict which, float *restrict dx,
-                                 int64_t B, int64_t H, int64_t W, int64_t C) {
-    const int64_t H2 = H / 2, W2 = W / 2;
-    memset(dx, 0, sizeof(float) * (size_t)(B * H * W * C));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < H2; i++)
-            for (int64_t j = 0; j < W2; j++) {
-                const int64_t o = ((b * H2 + i) * W2 + j) * C;
-                float *d = dx + ((b * H + 2 * i) * W + 2 * j) * C;
-                for (int64_t c = 0; c < C; c++) {
-                    const int t = which[o + c];
-                    d[((t >> 1) * W + (t & 1)) * C + c] = dout[o + c];
-                }
+/* Each input value of a window row pulls its output's gradient where it was the maximum, else 0, through tables
+ * as in the forward pass: contiguous stores, no scatter. A last odd row or column gets 0. */
+int max_pool2_backward_nhwc_f32(const float *restrict dout, const uint8_t *restrict which, float *restrict dx,
+                                int64_t B, int64_t H, int64_t W, int64_t C) {
+    const int64_t H2 = H / 2, n = W / 2 * C, row = W * C;
+    int32_t *from = malloc(sizeof(int32_t) * (size_t)(5 * n)), *column = from + 2 * n, *k = column + 2 * n;
+    if (!from)
+        return 0;
+    for (int64_t u = 0; u < 2 * n; u++) {
+        from[u] = (int32_t)(u / (2 * C) * C + u % C);
+        column[u] = (int32_t)(u / C % 2);
+    }
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < H2; i++) {
+            const float *g = dout + (b * H2 + i) * n;
+            const uint8_t *w = which + (b * H2 + i) * n;
+            for (int64_t q = 0; q < n; q++)
+                k[q] = w[q];
+            float *d0 = dx + (b * H + 2 * i) * row, *d1 = d0 + row;
+            for (int64_t u = 0; u < 2 * n; u++) {
+                const int32_t q = from[u], t = k[q];
+                const float v = g[q];
+                d0[u] = t == column[u] ? v : 0.0f;
+                d1[u] = t == 2 + column[u] ? v : 0.0f;
             }
+            memset(d0 + 2 * n, 0, sizeof(float) * (size_t)(row - 2 * n));
+            memset(d1 + 2 * n, 0, sizeof(float) * (size_t)(row - 2 * n));
+        }
+        memset(dx + (b * H + 2 * H2) * row, 0, sizeof(float) * (size_t)((H - 2 * H2) * row));
+    }
+    free(from);
+    return 1;
 }
