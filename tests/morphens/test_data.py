@@ -67,7 +67,7 @@ def test_bootstrap_resamples_the_training_subset_with_replacement():
 
 
 def test_augment_shifts_and_flips_whole_images():
-    x = torch.arange(2 * 1 * 5 * 5.0).view(2, 1, 5, 5) + 1
+    x = torch.arange(6 * 3 * 5 * 5.0).view(6, 3, 5, 5) + 1  # three channels move together
     out = augment(x, 1, True, torch.Generator().manual_seed(0))
     assert out.shape == x.shape
     for img, src in zip(out, x):
