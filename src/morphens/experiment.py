@@ -53,13 +53,16 @@ def scored(cfg: RunConfig, data: Dataset, run: Fit, labels: torch.Tensor, param_
             "flops": run.flops, "param_epochs": param_epochs}
 
 
-def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> list[dict]:
-    """Each member from scratch (spread over the ranks with `training.spread members`); one entry per member."""
+def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
+                first: int = 0) -> list[dict]:
+    """Members first, first + 1, ... from scratch (spread over the ranks with `training.spread members`); one entry
+    per member trained."""
     mine = {i: scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
-                      num_params(members[i]) * cfg.training.epochs) for i in my_members(cfg, len(members))}
+                      num_params(members[i]) * cfg.training.epochs) for i in my_members(cfg, len(members))
+            if i >= first}
     out = gathered(cfg, mine)
-    for i, (arch, r) in enumerate(zip(members, out)):
-        log(f"  independent {i}: {describe(arch)} acc {r['acc']:.2f}% in {r['seconds']:.1f}s")
+    for i, r in enumerate(out, first):
+        log(f"  independent {i}: {describe(members[i])} acc {r['acc']:.2f}% in {r['seconds']:.1f}s")
     return out
 
 
@@ -175,14 +178,16 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
     labels = eval_labels(data, cfg.data.test_limit)
     log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
         + ", ".join(describe(a) for a in members[:max(sizes)]))
-    results = []
-    base = independent(cfg, data, members[:max(sizes)], labels) if cfg.run.baseline else []
+    results, base = [], []
     for k in sizes:
         log(f"K={k}: MotherNets with g={cfg.mothernet.clusters_for(k)}")
         mn = mothernets(cfg, data, members[:k], labels)
         mn["members"] = [arch_to_dict(a) for a in members[:k]]
         results.append(mn)
-        if base:
+        if cfg.run.baseline:
+            # The baseline's members train beside each size's MotherNets, not all before them, so that a machine
+            # that speeds up or slows down during the sweep moves both sides of each ratio alike.
+            base += independent(cfg, data, members[:k], labels, first=len(base))
             mine = base[:k]
             ind = {"method": "independent", "ensemble_size": k, "wall_s": sum(r["seconds"] for r in mine),
                    "cpu_s": sum(r["cpu_seconds"] for r in mine),

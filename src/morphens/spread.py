@@ -37,4 +37,4 @@ def gathered(cfg: RunConfig, mine: dict[int, dict]) -> list[dict]:
         parts: list[dict] = [{}] * dist.get_world_size()
         dist.all_gather_object(parts, mine, group=gather_group())
         mine = {i: entry for part in parts for i, entry in part.items()}
-    return [mine[i] for i in range(len(mine))]
+    return [mine[i] for i in sorted(mine)]

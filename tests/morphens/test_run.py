@@ -55,6 +55,8 @@ def test_cli_writes_results_and_plot(capsys, tmp_path):
                            "--mothernet.mother_epochs", "1", "--mothernet.hatch_epochs", "0.5",
                            "--training.engine", "local", "--run.out", str(tmp_path))
     assert code == 0 and "mothernets" in out
+    # each size's baseline members train beside its MotherNets, so that host drift moves both sides of a ratio
+    assert out.index("K=1:") < out.index("independent 0:") < out.index("K=2:") < out.index("independent 1:")
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["method"], r["ensemble_size"]) for r in results] == [("mothernets", 1), ("independent", 1),
                                                                      ("mothernets", 2), ("independent", 2)]
