@@ -151,22 +151,29 @@ static inline f32x16 load16(const float *p) {
 }
 
 typedef struct {
-    int64_t H, W, K, Wp, n;  /* n: output values per plane in the padded row length */
-    float *xp, *yp;
+    int64_t H, W, K, C, Wp, n, stride; /* n: values per plane in the padded row length; stride: between planes */
+    float *xp, *yp;                     /* the padded input plane; C output planes (one gradient plane) */
+    int32_t *at;                        /* channels-last: where value q of a pixel row lies in the planes */
 } Planes;
 
-static int planes_open(Planes *s, int64_t H, int64_t W, int64_t K) {
-    s->H = H, s->W = W, s->K = K, s->Wp = W + K - 1, s->n = H * s->Wp;
+static int planes_open(Planes *s, int64_t H, int64_t W, int64_t K, int64_t C) {
+    s->H = H, s->W = W, s->K = K, s->C = C, s->Wp = W + K - 1, s->n = H * s->Wp, s->stride = s->n + 64;
     /* Shifted reads run up to K - 1 values past the padded plane, and the forward pass's last block of 64 up to
-     * 63 more (as it writes up to 63 past yp's n): they only make pad columns' outputs, which are dropped. */
+     * 63 more (as it writes up to 63 past a plane's n): they only make pad columns' outputs, which are dropped. */
     s->xp = calloc((size_t)((H + K - 1) * s->Wp + K + 64), sizeof(float));
-    s->yp = malloc(sizeof(float) * (size_t)(s->n + 64));
-    return s->xp && s->yp;
+    s->yp = malloc(sizeof(float) * (size_t)(C * s->stride));
+    s->at = malloc(sizeof(int32_t) * (size_t)(W * C));
+    if (s->at)  /* an int32 table, so that the compiler vectorizes planes_store's layout change with gathers */
+        for (int64_t q = 0; q < W * C; q++)
+            s->at[q] = (int32_t)(q % C * s->stride + q / C);
+    return s->xp && s->yp && s->at;
 }
 
-static void planes_close(Planes *s) {
+static int planes_close(Planes *s) { /* returns 0, the failure code */
     free(s->xp);
     free(s->yp);
+    free(s->at);
+    return 0;
 }
 
 static void planes_load(Planes *s, const float *restrict image) {
@@ -175,18 +182,32 @@ static void planes_load(Planes *s, const float *restrict image) {
         memcpy(s->xp + (h + p) * s->Wp + p, image + h * s->W, sizeof(float) * (size_t)s->W);
 }
 
+/* Image b's C planes to y (channels-last: one gather per pixel row through the table), pad columns dropped. */
+static void planes_store(const Planes *s, float *restrict y, int64_t b, int64_t nhwc) {
+    const int64_t H = s->H, W = s->W, C = s->C;
+    for (int64_t h = 0; h < H; h++) {
+        const float *restrict from = s->yp + h * s->Wp;
+        if (nhwc) {
+            float *restrict out = y + (b * H + h) * W * C;
+            for (int64_t q = 0; q < W * C; q++)
+                out[q] = from[s->at[q]];
+        } else
+            for (int64_t c = 0; c < C; c++)
+                memcpy(y + ((b * C + c) * H + h) * W, from + c * s->stride, sizeof(float) * (size_t)W);
+    }
+}
+
 /* Returns 0 when its scratch cannot be allocated (the caller then uses torch's convolution). */
 int conv1_forward_f32(const float *restrict x, const float *restrict weight, float *restrict y, int64_t B,
                       int64_t C, int64_t H, int64_t W, int64_t K, int64_t nhwc) {
     Planes s;
-    if (!planes_open(&s, H, W, K)) {
-        planes_close(&s);
-        return 0;
-    }
+    if (!planes_open(&s, H, W, K, C))
+        return planes_close(&s);
     for (int64_t b = 0; b < B; b++) {
         planes_load(&s, x + b * H * W);
         for (int64_t c = 0; c < C; c++) {
             const float *w = weight + c * K * K;
+            float *yc = s.yp + c * s.stride;
             /* In blocks of 64 outputs, which stay in registers over the K*K taps. */
             for (int64_t i0 = 0; i0 < s.n; i0 += 64) {
                 f32x16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
@@ -198,22 +219,13 @@ int conv1_forward_f32(const float *restrict x, const float *restrict weight, flo
                     a2 += wt * load16(xs + 32);
                     a3 += wt * load16(xs + 48);
                 }
-                memcpy(s.yp + i0, &a0, sizeof a0);
-                memcpy(s.yp + i0 + 16, &a1, sizeof a1);
-                memcpy(s.yp + i0 + 32, &a2, sizeof a2);
-                memcpy(s.yp + i0 + 48, &a3, sizeof a3);
-            }
-            if (nhwc) {
-                float *out = y + b * H * W * C + c;
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t w = 0; w < W; w++)
-                        out[(h * W + w) * C] = s.yp[h * s.Wp + w];
-            } else {
-                float *out = y + (b * C + c) * H * W;
-                for (int64_t h = 0; h < H; h++)
-                    memcpy(out + h * W, s.yp + h * s.Wp, sizeof(float) * (size_t)W);
+                memcpy(yc + i0, &a0, sizeof a0);
+                memcpy(yc + i0 + 16, &a1, sizeof a1);
+                memcpy(yc + i0 + 32, &a2, sizeof a2);
+                memcpy(yc + i0 + 48, &a3, sizeof a3);
             }
         }
+        planes_store(&s, y, b, nhwc);
     }
     planes_close(&s);
     return 1;
@@ -224,15 +236,13 @@ int conv1_weight_grad_f32(const float *restrict x, const float *restrict dy, flo
                           double *restrict acc, int64_t B, int64_t C, int64_t H, int64_t W, int64_t K,
                           int64_t nhwc) {
     Planes s;
-    if (!planes_open(&s, H, W, K)) {
-        planes_close(&s);
-        return 0;
-    }
+    if (!planes_open(&s, H, W, K, C))
+        return planes_close(&s);
     memset(acc, 0, sizeof(double) * (size_t)(C * K * K));
-    memset(s.yp, 0, sizeof(float) * (size_t)s.n);  /* dy in the padded row length: its pad columns stay 0 */
+    memset(s.yp, 0, sizeof(float) * (size_t)s.n); /* one channel's dy in the padded row length: pad columns stay 0 */
     for (int64_t b = 0; b < B; b++) {
         planes_load(&s, x + b * H * W);
-        for (int64_t c = 0; c < C; c++) {
+        for (int64_t c = 0; c < C; c++) {  /* a channel at a time, which stays in L1 over its K*K sums */
             if (nhwc) {
                 const float *g = dy + b * H * W * C + c;
                 for (int64_t h = 0; h < H; h++)
