@@ -227,6 +227,7 @@ def conv(x: torch.Tensor, conv2d: nn.Conv2d) -> torch.Tensor:
     if (conv2d.in_channels == 1 and conv2d.kernel_size == (k, k) and k % 2 and conv2d.padding == (k // 2, k // 2)
             and conv2d.stride == (1, 1) and conv2d.dilation == (1, 1) and conv2d.groups == 1 and conv2d.bias is None
             and conv2d.padding_mode == "zeros" and nhwc is not None and x.numel() and conv2d.weight.is_contiguous()
+            and conv2d.out_channels * x.shape[-2] * (x.shape[-1] + k) < 2**31  # the C planes' int32 offsets
             and _served(x, conv2d.weight)):
         return _Conv1.apply(x, conv2d.weight, nhwc)
     return conv2d(x)

@@ -197,7 +197,7 @@ static void planes_store(const Planes *s, float *restrict y, int64_t b, int64_t 
     }
 }
 
-/* Returns 0 when its scratch cannot be allocated (the caller then uses torch's convolution). */
+/* Returns 0 where its scratch cannot be allocated. */
 int conv1_forward_f32(const float *restrict x, const float *restrict weight, float *restrict y, int64_t B,
                       int64_t C, int64_t H, int64_t W, int64_t K, int64_t nhwc) {
     Planes s;
