@@ -82,6 +82,9 @@ class MotherNet:
     """Epochs of each hatched member after hatching."""
     hatch_lr_factor: float = 1.0
     """Peak learning rate of hatched members relative to training.lr (they start from a trained function)."""
+    hatch_batch_size: int = 0
+    """Batch size of hatched members' training (0 = training.batch_size): fewer, larger steps where a step's fixed
+    cost dominates (tiny images)."""
     noise: float = 0.01
     """Symmetry-breaking noise: relative RMS change of the hatched member's logits on a calibration batch."""
     calib_batch: int = 512
@@ -112,8 +115,10 @@ class MotherNet:
             raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
         if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:
             raise ValueError("mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0")
-        if self.batch_size < 0 or self.batch_size == 1 or self.lr_factor <= 0:
-            raise ValueError("mothernet: batch_size must be 0 (= training.batch_size) or >= 2, lr_factor > 0")
+        if min(self.batch_size, self.hatch_batch_size) < 0 or 1 in (self.batch_size, self.hatch_batch_size) \
+                or self.lr_factor <= 0:
+            raise ValueError("mothernet: batch_size and hatch_batch_size must be 0 (= training.batch_size) or >= 2, "
+                             "lr_factor > 0")
         if self.snapshots < 1 or self.snapshot_epochs <= 0:
             raise ValueError("mothernet: snapshots must be >= 1 (1 = one mother) and snapshot_epochs > 0")
 

@@ -121,8 +121,10 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         start, cpu_start = time.perf_counter(), time.process_time()
         child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
         hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-        bag = replace(cfg, data=replace(cfg.data, bootstrap=derived_seed(t.seed, BAGGED, i) or 1)) if m.bagging else cfg
-        run = fit(child, data, bag, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
+        hcfg = replace(cfg, training=replace(t, batch_size=m.hatch_batch_size or t.batch_size))
+        if m.bagging:
+            hcfg = replace(hcfg, data=replace(cfg.data, bootstrap=derived_seed(t.seed, BAGGED, i) or 1))
+        run = fit(child, data, hcfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
                   f"hatched-{i}-of-{len(members)}", spreading(cfg))
         mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
         mine[i].update(hatch_s=hatch_s, hatch_cpu_s=hatch_cpu_s)

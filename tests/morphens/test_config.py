@@ -18,6 +18,8 @@ from titan.config import ConfigError
     ({"mothernet.mother_epochs": "0"}, "mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0"),
     ({"mothernet.calib_batch": "1"}, "mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0"),
     ({"mothernet.snapshots": "0"}, "mothernet: snapshots must be >= 1 (1 = one mother) and snapshot_epochs > 0"),
+    ({"mothernet.hatch_batch_size": "1"},
+     "mothernet: batch_size and hatch_batch_size must be 0 (= training.batch_size) or >= 2, lr_factor > 0"),
     ({"training.batch_size": "1"}, "training: epochs and lr must be > 0, batch_size >= 2"),
     ({"training.seed": "-1"}, "training.seed must be >= 0, got -1"),
     ({"run.sizes": "2,0"}, "run.sizes must be positive ensemble sizes, got [2, 0]"),

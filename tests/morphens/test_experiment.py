@@ -134,12 +134,14 @@ def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
 
 
 
-def test_mothers_train_with_their_own_batch_size_and_lr(monkeypatch, tmp_path):
-    """mothernet.batch_size 128 and lr_factor 2: mother and snapshot at batch 128 and 2x lr; members as before.
+def test_mothers_and_hatched_members_train_with_their_own_batch_size_and_lr(monkeypatch, tmp_path):
+    """mothernet.batch_size 128 and lr_factor 2: mother and snapshot at batch 128 and 2x lr; hatch_batch_size 32:
+    hatched members at batch 32 and training.lr x hatch_lr_factor.
     The record's `time` holds the wall and CPU seconds of each part, and wall_s / cpu_s are their sums."""
     cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "mothernet.mother_epochs": "0.1",
                                                       "mothernet.snapshots": "2", "mothernet.snapshot_epochs": "0.1",
-                                                      "mothernet.batch_size": "128", "mothernet.lr_factor": "2"})
+                                                      "mothernet.batch_size": "128", "mothernet.lr_factor": "2",
+                                                      "mothernet.hatch_batch_size": "32"})
     seen, fits = {}, {}
     real_fit = experiment.fit
 
@@ -151,7 +153,7 @@ def test_mothers_train_with_their_own_batch_size_and_lr(monkeypatch, tmp_path):
     monkeypatch.setattr(experiment, "fit", spy)
     out = mothernets(cfg, data, members, eval_labels(data))
     lr = cfg.training.lr
-    assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (64, lr * 1.0)}
+    assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (32, lr * 1.0)}
     split = out["time"]
     assert split["mother_s"] == fits["mother-0-of-2"].seconds
     assert split["snapshots_cpu_s"] == fits["mother-0-of-2-snapshot-1"].cpu_seconds
