@@ -129,8 +129,9 @@ class Training:
     """Epochs of each independently trained member (the baseline)."""
     batch_size: int = 128
     """Global batch size."""
-    lr: float = 3e-3
-    """Peak AdamW learning rate (linear warmup over 5% of steps, then cosine decay to zero)."""
+    lr: float = 1.2e-2
+    """Peak AdamW learning rate (linear warmup over 5% of steps, then cosine decay to zero); tuned on both built-in
+    datasets (the default K=4 fashion run: independent ensemble 87.92% at 3e-3, 89.13% at 1.2e-2)."""
     weight_decay: float = 5e-4
     """AdamW weight decay."""
     engine: Literal["titan", "local"] = "titan"
