@@ -115,8 +115,7 @@ class MotherNet:
             raise ValueError("mothernet.mother_epochs must be > 0 and mothernet.hatch_epochs >= 0")
         if self.noise < 0 or self.calib_batch < 2 or self.hatch_lr_factor <= 0:
             raise ValueError("mothernet: noise must be >= 0, calib_batch >= 2 and hatch_lr_factor > 0")
-        if min(self.batch_size, self.hatch_batch_size) < 0 or 1 in (self.batch_size, self.hatch_batch_size) \
-                or self.lr_factor <= 0:
+        if any(b < 0 or b == 1 for b in (self.batch_size, self.hatch_batch_size)) or self.lr_factor <= 0:
             raise ValueError("mothernet: batch_size and hatch_batch_size must be 0 (= training.batch_size) or >= 2, "
                              "lr_factor > 0")
         if self.snapshots < 1 or self.snapshot_epochs <= 0:

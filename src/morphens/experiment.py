@@ -66,13 +66,18 @@ def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torc
     return out
 
 
+def at_batch(cfg: RunConfig, batch_size: int) -> RunConfig:
+    """`cfg` training at `batch_size` (0 = training.batch_size)."""
+    return replace(cfg, training=replace(cfg.training, batch_size=batch_size or cfg.training.batch_size))
+
+
 def train_mothers(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
                   groups: list[list[int]]) -> tuple[dict, list[dict], dict]:
     """One mother per cluster of more than one member, then its warm-restart cycles (`mothernet.snapshots`);
     returns (member index -> the snapshot it hatches from, the mothers' records, their cost and time: flops,
     param_epochs, and wall / CPU seconds of the first training and of the snapshot cycles)."""
     m, t = cfg.mothernet, cfg.training
-    mcfg = replace(cfg, training=replace(t, batch_size=m.batch_size or t.batch_size))
+    mcfg = at_batch(cfg, m.batch_size)
     mother_lr = t.lr * m.lr_factor
     cost = dict.fromkeys(("flops", "param_epochs", "mother_s", "mother_cpu_s", "snapshots_s", "snapshots_cpu_s"), 0.0)
     mothers: list[dict] = []
@@ -111,7 +116,7 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
     groups = cluster(members, m.clusters_for(len(members)))
     trained, mothers, cost = train_mothers(cfg, data, members, labels, groups)
-    mine = {}
+    hcfg, mine = at_batch(cfg, m.hatch_batch_size), {}
     for i in my_members(cfg, len(members)):
         if i not in trained:
             mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
@@ -121,10 +126,9 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
         start, cpu_start = time.perf_counter(), time.process_time()
         child = hatch(trained[i], members[i], noise=m.noise, seed=t.seed * 1000 + i, calib=calib)
         hatch_s, hatch_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-        hcfg = replace(cfg, training=replace(t, batch_size=m.hatch_batch_size or t.batch_size))
-        if m.bagging:
-            hcfg = replace(hcfg, data=replace(cfg.data, bootstrap=derived_seed(t.seed, BAGGED, i) or 1))
-        run = fit(child, data, hcfg, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
+        bag = replace(hcfg, data=replace(cfg.data, bootstrap=derived_seed(t.seed, BAGGED, i) or 1)) \
+            if m.bagging else hcfg
+        run = fit(child, data, bag, m.hatch_epochs, t.lr * m.hatch_lr_factor, derived_seed(t.seed, HATCHED, i),
                   f"hatched-{i}-of-{len(members)}", spreading(cfg))
         mine[i] = scored(cfg, data, run, labels, num_params(members[i]) * m.hatch_epochs)
         mine[i].update(hatch_s=hatch_s, hatch_cpu_s=hatch_cpu_s)
