@@ -138,8 +138,8 @@ class Training:
     threads: int = 1
     """torch CPU threads (0 = torch's default); 1 is fastest for small nets on a busy 2-core machine."""
     spread: Literal["none", "members"] = "none"
-    """Under torchrun: none = every net trains on all ranks (FSDP); members = mothers train on all ranks, then
-    each rank trains every world-th member alone (titan's solo mode) and rank 0 gathers the results."""
+    """Under torchrun: none = every net trains on all ranks (FSDP); members = mothers, then members, are dealt
+    out over the ranks by cost, each trained on its rank alone (titan's solo mode); rank 0 gathers the results."""
     seed: int = 0
     """Seed of initialization and data order."""
 

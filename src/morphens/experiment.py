@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import torch
 
-from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe
+from morphens.arch import Arch, arch_from_dict, arch_to_dict, describe, forward_flops
 from morphens.config import RunConfig
 from morphens.data import Dataset, Loader, derived_seed, load
-from morphens.models import num_params
+from morphens.models import Net, num_params
 from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
-from morphens.spread import gather_group, gathered, my_members, spreading
+from morphens.spread import gather_group, gathered, my_members, owners, shared_nets, spreading
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.distributed.runtime import init_distributed
@@ -57,9 +57,11 @@ def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torc
                 first: int = 0) -> list[dict]:
     """Members first, first + 1, ... from scratch (spread over the ranks with `training.spread members`); one entry
     per member trained."""
-    mine = {i: scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
-                      num_params(members[i]) * cfg.training.epochs) for i in my_members(cfg, len(members))
-            if i >= first}
+    mine = {}
+    for j in my_members(cfg, [forward_flops(a) for a in members[first:]]):
+        i = first + j
+        mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
+                         num_params(members[i]) * cfg.training.epochs)
     out = gathered(cfg, mine)
     for i, r in enumerate(out, first):
         log(f"  independent {i}: {describe(members[i])} acc {r['acc']:.2f}% in {r['seconds']:.1f}s")
@@ -71,45 +73,64 @@ def at_batch(cfg: RunConfig, batch_size: int) -> RunConfig:
     return replace(cfg, training=replace(cfg.training, batch_size=batch_size or cfg.training.batch_size))
 
 
+def chain_epochs(cfg: RunConfig, count: int) -> float:
+    """Epochs of a mother and its `count - 1` warm-restart cycles."""
+    return cfg.mothernet.mother_epochs + (count - 1) * cfg.mothernet.snapshot_epochs
+
+
+def mother_chain(cfg: RunConfig, data: Dataset, arch: Arch, c: int, name: str, labels: torch.Tensor,
+                 count: int) -> tuple[list[Net], dict]:
+    """Cluster c's mother and its `count - 1` warm-restart cycles, trained on this rank alone where members are
+    spread: the nets (each cycle's end point) and their record (accuracies, flops, param_epochs, wall / CPU
+    seconds)."""
+    m, t = cfg.mothernet, cfg.training
+    mcfg, lr, solo = at_batch(cfg, m.batch_size), t.lr * m.lr_factor, spreading(cfg)
+    runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, mcfg, m.mother_epochs, lr,
+                derived_seed(t.seed, MOTHER, c), name, solo)]
+    for s in range(1, count):  # each warm restart ends in a distinct, converged mother
+        runs.append(fit(runs[-1].net, data, mcfg, m.snapshot_epochs, lr, derived_seed(t.seed, SNAPSHOT, c, s),
+                        f"{name}-snapshot-{s}", solo))
+    return [r.net for r in runs], {
+        "acc": [accuracy(predict(r.net, data, cfg.data.test_limit), labels) for r in runs],
+        "flops": sum(r.flops for r in runs), "param_epochs": num_params(arch) * chain_epochs(cfg, count),
+        "mother_s": runs[0].seconds, "mother_cpu_s": runs[0].cpu_seconds,
+        "snapshots_s": sum(r.seconds for r in runs[1:]), "snapshots_cpu_s": sum(r.cpu_seconds for r in runs[1:])}
+
+
 def train_mothers(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
                   groups: list[list[int]]) -> tuple[dict, list[dict], dict]:
-    """One mother per cluster of more than one member, then its warm-restart cycles (`mothernet.snapshots`);
-    returns (member index -> the snapshot it hatches from, the mothers' records, their cost and time: flops,
-    param_epochs, and wall / CPU seconds of the first training and of the snapshot cycles)."""
-    m, t = cfg.mothernet, cfg.training
-    mcfg = at_batch(cfg, m.batch_size)
-    mother_lr = t.lr * m.lr_factor
+    """One mother per cluster of more than one member, then its warm-restart cycles (`mothernet.snapshots`), the
+    mothers spread over the ranks like members; returns (member index -> the snapshot it hatches from, the
+    mothers' records, their cost and time: flops, param_epochs, and wall / CPU seconds of the first training and
+    of the snapshot cycles)."""
+    m = cfg.mothernet
+    archs = [mother_of([members[i] for i in idx]) for idx in groups]
+    mothers = [{"arch": describe(a), "members": idx} for a, idx in zip(archs, groups)]
+    chains = [(c, min(m.snapshots, len(idx))) for c, idx in enumerate(groups) if len(idx) > 1]
+    costs = [forward_flops(archs[c]) * chain_epochs(cfg, count) for c, count in chains]
+    mine, records = {}, {}
+    for j in my_members(cfg, costs):
+        c, count = chains[j]
+        mine[j], records[j] = mother_chain(cfg, data, archs[c], c, f"mother-{c}-of-{len(members)}", labels, count)
+    nets = shared_nets(cfg, mine, [(archs[c], count) for c, count in chains], owners(cfg, costs))
     cost = dict.fromkeys(("flops", "param_epochs", "mother_s", "mother_cpu_s", "snapshots_s", "snapshots_cpu_s"), 0.0)
-    mothers: list[dict] = []
     trained = {}
-    for c, idx in enumerate(groups):
-        arch = mother_of([members[i] for i in idx])
-        mothers.append({"arch": describe(arch), "members": idx})
-        if len(idx) == 1:
-            continue
-        runs = [fit(seeded(arch, 10**6 + t.seed * 1000 + c), data, mcfg, m.mother_epochs, mother_lr,
-                    derived_seed(t.seed, MOTHER, c), f"mother-{c}-of-{len(members)}")]
-        for s in range(1, min(m.snapshots, len(idx))):  # each warm restart ends in a distinct, converged mother
-            runs.append(fit(runs[-1].net, data, mcfg, m.snapshot_epochs, mother_lr,
-                            derived_seed(t.seed, SNAPSHOT, c, s), f"mother-{c}-of-{len(members)}-snapshot-{s}"))
-        trained.update({i: runs[j % len(runs)].net for j, i in enumerate(idx)})
-        cost["flops"] += sum(r.flops for r in runs)
-        cost["param_epochs"] += num_params(arch) * (m.mother_epochs + (len(runs) - 1) * m.snapshot_epochs)
-        cost["mother_s"] += runs[0].seconds
-        cost["mother_cpu_s"] += runs[0].cpu_seconds
-        cost["snapshots_s"] += sum(r.seconds for r in runs[1:])
-        cost["snapshots_cpu_s"] += sum(r.cpu_seconds for r in runs[1:])
-        accs = [accuracy(predict(r.net, data, cfg.data.test_limit), labels) for r in runs]
-        mothers[-1]["acc"], mothers[-1]["snapshot_acc"] = accs[-1], accs
-        log(f"  mother {c} {describe(arch)} for members {idx}: acc " + ", ".join(f"{a:.2f}%" for a in accs))
+    for (c, count), runs, record in zip(chains, nets, gathered(cfg, records)):
+        idx = groups[c]
+        trained.update({i: runs[j % count] for j, i in enumerate(idx)})
+        for key in cost:
+            cost[key] += record[key]
+        mothers[c]["acc"], mothers[c]["snapshot_acc"] = record["acc"][-1], record["acc"]
+        log(f"  mother {c} {describe(archs[c])} for members {idx}: acc "
+            + ", ".join(f"{a:.2f}%" for a in record["acc"]))
     return trained, mothers, cost
 
 
 def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> dict:
-    """Clusters the members and trains one mother per cluster on all ranks (with `mothernet.snapshots` > 1,
-    followed by warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and
-    trains every member (spread over the ranks with `training.spread members`); a member alone in its cluster is its own
-    mother and trains as it would independently. Times count training and hatching, not evaluation, as for
+    """Clusters the members and trains one mother per cluster (with `mothernet.snapshots` > 1, followed by
+    warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and trains every
+    member (mothers and members spread over the ranks with `training.spread members`); a member alone in its
+    cluster is its own mother and trains as it would independently. Times count training and hatching, not evaluation, as for
     the independent members; `time` splits them into the mothers' first training, their snapshot cycles, hatching
     and the members' training (wall and CPU seconds)."""
     m, t = cfg.mothernet, cfg.training
@@ -117,7 +138,8 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     groups = cluster(members, m.clusters_for(len(members)))
     trained, mothers, cost = train_mothers(cfg, data, members, labels, groups)
     hcfg, mine = at_batch(cfg, m.hatch_batch_size), {}
-    for i in my_members(cfg, len(members)):
+    epochs = [m.hatch_epochs if i in trained else t.epochs for i in range(len(members))]
+    for i in my_members(cfg, [forward_flops(a) * e for a, e in zip(members, epochs)]):
         if i not in trained:
             mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
                              num_params(members[i]) * t.epochs)
