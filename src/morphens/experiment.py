@@ -173,6 +173,14 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
             "clusters": len(groups), "mothers": mothers, "time": split}
 
 
+def elapsed(start: float, what: str) -> float:
+    """Seconds since `start`, logged: all of `what`'s work, evaluation included, and when spreading until the
+    slowest rank's results arrived (the records' wall_s instead add up each net's training, over all ranks)."""
+    seconds = time.perf_counter() - start
+    log(f"  {what}: {seconds:.1f}s elapsed")
+    return seconds
+
+
 def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
     """Everything that can be wrong with the input, checked before any training: data, members, sizes, g."""
     check_writable(cfg.run.out, "run.out", "pass --run.out with a writable path")
@@ -206,18 +214,23 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
     labels = eval_labels(data, cfg.data.test_limit)
     log(f"{data.name}: {len(data.train_y)} train / {len(labels)} test images, members: "
         + ", ".join(describe(a) for a in members[:max(sizes)]))
-    results, base = [], []
+    results, base, base_elapsed = [], [], 0.0
     for k in sizes:
         log(f"K={k}: MotherNets with g={cfg.mothernet.clusters_for(k)}")
+        start = time.perf_counter()
         mn = mothernets(cfg, data, members[:k], labels)
+        mn["elapsed_s"] = elapsed(start, "MotherNets")
         mn["members"] = [arch_to_dict(a) for a in members[:k]]
         results.append(mn)
         if cfg.run.baseline:
             # The baseline's members train beside each size's MotherNets, not all before them, so that a machine
             # that speeds up or slows down during the sweep moves both sides of each ratio alike.
-            base += independent(cfg, data, members[:k], labels, first=len(base))
+            start, first = time.perf_counter(), len(base)
+            base += independent(cfg, data, members[:k], labels, first=first)
+            base_elapsed += elapsed(start, f"independent {first}-{k - 1}")
             mine = base[:k]
-            ind = {"method": "independent", "ensemble_size": k, "wall_s": sum(r["seconds"] for r in mine),
+            ind = {"method": "independent", "ensemble_size": k, "elapsed_s": base_elapsed,
+                   "wall_s": sum(r["seconds"] for r in mine),
                    "cpu_s": sum(r["cpu_seconds"] for r in mine),
                    "member_acc": [r["acc"] for r in mine],
                    "ensemble_acc": ensemble_accuracy([r["probs"] for r in mine], labels),

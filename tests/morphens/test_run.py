@@ -62,6 +62,7 @@ def test_cli_writes_results_and_plot(capsys, tmp_path):
                                                                      ("mothernets", 2), ("independent", 2)]
     for r in results:
         assert set(r) >= {"method", "ensemble_size", "wall_s", "member_acc", "ensemble_acc", "train_cost"}
+        assert r["elapsed_s"] > r["wall_s"]  # in one process: the training that wall_s counts, and evaluation
         assert len(r["member_acc"]) == r["ensemble_size"] and 0 <= r["ensemble_acc"] <= 100
         if r["ensemble_size"] == 1:  # the average of one member's softmax is its own
             assert r["ensemble_acc"] == r["member_acc"][0]
