@@ -130,9 +130,9 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     """Clusters the members and trains one mother per cluster (with `mothernet.snapshots` > 1, followed by
     warm-restart cycles whose end points the cluster's members hatch from in turn), then hatches and trains every
     member (mothers and members spread over the ranks with `training.spread members`); a member alone in its
-    cluster is its own mother and trains as it would independently. Times count training and hatching, not evaluation, as for
-    the independent members; `time` splits them into the mothers' first training, their snapshot cycles, hatching
-    and the members' training (wall and CPU seconds)."""
+    cluster is its own mother and trains as it would independently. Times count training and hatching, not
+    evaluation, as for the independent members; `time` splits them into the mothers' first training, their
+    snapshot cycles, hatching and the members' training (wall and CPU seconds)."""
     m, t = cfg.mothernet, cfg.training
     calib = next(iter(Loader(data, m.calib_batch, augmented=False, limit=cfg.data.train_limit)))[0]
     groups = cluster(members, m.clusters_for(len(members)))
