@@ -15,7 +15,7 @@ from morphens.data import Dataset, Loader, derived_seed, load
 from morphens.models import Net, num_params
 from morphens.morph import hatch
 from morphens.mother import cluster, mother_of
-from morphens.spread import gather_group, gathered, my_members, owners, shared_nets, spreading
+from morphens.spread import gather_group, gathered, my_nets, owners, shared_nets, spreading
 from morphens.train import Fit, accuracy, ensemble_accuracy, eval_labels, fit, predict, seeded
 from titan.components.metrics.throughput import cpu_peak_tflops
 from titan.distributed.runtime import init_distributed
@@ -58,7 +58,7 @@ def independent(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torc
     """Members first, first + 1, ... from scratch (spread over the ranks with `training.spread members`); one entry
     per member trained."""
     mine = {}
-    for j in my_members(cfg, [forward_flops(a) for a in members[first:]]):
+    for j in my_nets(cfg, [forward_flops(a) for a in members[first:]]):
         i = first + j
         mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
                          num_params(members[i]) * cfg.training.epochs)
@@ -109,7 +109,7 @@ def train_mothers(cfg: RunConfig, data: Dataset, members: list[Arch], labels: to
     chains = [(c, min(m.snapshots, len(idx))) for c, idx in enumerate(groups) if len(idx) > 1]
     costs = [forward_flops(archs[c]) * chain_epochs(cfg, count) for c, count in chains]
     mine, records = {}, {}
-    for j in my_members(cfg, costs):
+    for j in my_nets(cfg, costs):
         c, count = chains[j]
         mine[j], records[j] = mother_chain(cfg, data, archs[c], c, f"mother-{c}-of-{len(members)}", labels, count)
     nets = shared_nets(cfg, mine, [(archs[c], count) for c, count in chains], owners(cfg, costs))
@@ -139,7 +139,7 @@ def mothernets(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch
     trained, mothers, cost = train_mothers(cfg, data, members, labels, groups)
     hcfg, mine = at_batch(cfg, m.hatch_batch_size), {}
     epochs = [m.hatch_epochs if i in trained else t.epochs for i in range(len(members))]
-    for i in my_members(cfg, [forward_flops(a) * e for a, e in zip(members, epochs)]):
+    for i in my_nets(cfg, [forward_flops(a) * e for a, e in zip(members, epochs)]):
         if i not in trained:
             mine[i] = scored(cfg, data, scratch(cfg, data, members[i], i, spreading(cfg)), labels,
                              num_params(members[i]) * t.epochs)

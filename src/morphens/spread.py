@@ -38,7 +38,7 @@ def owners(cfg: RunConfig, costs: list[float]) -> list[int]:
     return deal(costs, dist.get_world_size()) if spreading(cfg) else [0] * len(costs)
 
 
-def my_members(cfg: RunConfig, costs: list[float]) -> list[int]:
+def my_nets(cfg: RunConfig, costs: list[float]) -> list[int]:
     """The nets, of these costs, that this process trains (all of them unless spreading)."""
     rank = dist.get_rank() if spreading(cfg) else 0
     return [i for i, owner in enumerate(owners(cfg, costs)) if owner == rank]
