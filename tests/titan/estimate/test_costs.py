@@ -7,8 +7,8 @@ import torch
 from titan.config import parse_args
 from titan.estimate.costs import Hardware, block_activation_elems, layer_params
 from titan.estimate.dry_run import estimate
+from titan.models.common.decoder import TransformerBlock
 from titan.models.llama3 import llama3_flavors
-from titan.models.llama3.model import TransformerBlock
 
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
 

@@ -11,7 +11,7 @@ from tests.launch import run_module
 from titan.config import parse_args
 from titan.estimate.dry_run import Hardware, estimate, main, resolve_model_args
 from titan.models import get_model_spec
-from titan.models.llama3.model import flops_per_token
+from titan.models.common.decoder import flops_per_token
 
 CONFIGS = "configs/titan"
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
