@@ -12,7 +12,7 @@ from titan.protocols.model_spec import ModelSpec
 from titan.tools.cli import UserError
 
 # name -> the module whose import registers it; imported on first use, so `import titan` stays light.
-BUILTIN_MODELS = {"llama3": "titan.models.llama3"}
+BUILTIN_MODELS = {"llama3": "titan.models.llama3", "qwen3": "titan.models.qwen3"}
 
 _REGISTRY: dict[str, ModelSpec] = {}
 

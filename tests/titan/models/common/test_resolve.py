@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from titan.config import parse_args
+from titan.models.common.resolve import args_from_folder, hf_weights_folder, model_overrides, update_model_args
 from titan.models.llama3 import llama3_flavors
-from titan.models.llama3.resolve import args_from_folder, hf_weights_folder, model_overrides, update_model_args
 from titan.tools.cli import UserError
 
 TOKENIZER = SimpleNamespace(vocab_size=300)
@@ -37,7 +37,7 @@ def test_a_tokenizer_bigger_than_the_vocabulary_is_refused():
 def test_the_hf_flavor_needs_a_folder_and_only_an_hf_initial_load_is_one(tmp_path):
     with pytest.raises(UserError, match="model.flavor 'hf' takes the architecture from a Hugging Face folder: set "
                                         "checkpoint.initial_load_path"):
-        args_from_folder(parse_args(["--model.flavor", "hf"]))
+        args_from_folder("llama", parse_args(["--model.flavor", "hf"]))
     dcp_load = parse_args(["--checkpoint.initial_load_path", str(tmp_path)])
     assert hf_weights_folder(dcp_load) is None
     dcp_load.checkpoint.initial_load_in_hf = True

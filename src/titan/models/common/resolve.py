@@ -1,4 +1,4 @@
-"""The run's Llama args: a flavor or a Hugging Face config.json, then the config's model.* keys, then the
+"""A decoder family's run args: a flavor or a Hugging Face config.json, then the config's model.* keys, then the
 tokenizer's vocabulary and the training sequence length; weights loaded from an HF folder must fit them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from titan.models.llama3.hf_config import args_from_hf, check_same_architecture, read_hf_config
-from titan.models.llama3.model import ModelArgs
+from titan.hf import check_same_architecture, family_of, folder_args
+from titan.models.common.decoder import DecoderArgs
 from titan.tools.cli import UserError
 
 _INT_KEYS = ("vocab_size", "hidden_dim", "multiple_of", "rope_original_max_seq_len")
@@ -21,14 +21,15 @@ def hf_weights_folder(job_config) -> Path | None:
     return Path(ckpt.initial_load_path) if ckpt.initial_load_path and ckpt.initial_load_in_hf else None
 
 
-def args_from_folder(job_config) -> ModelArgs:
-    """model.flavor = "hf": the architecture of the HF folder the run loads, else of model.hf_assets_path."""
+def args_from_folder(model_type: str, job_config) -> DecoderArgs:
+    """model.flavor = "hf": the architecture of the HF folder the run loads, else of model.hf_assets_path, whose
+    config.json must be of `model_type` (the spec's family)."""
     folder = hf_weights_folder(job_config) or (Path(job_config.model.hf_assets_path)
                                                if job_config.model.hf_assets_path else None)
     if folder is None:
         raise UserError("model.flavor 'hf' takes the architecture from a Hugging Face folder: set "
                          "checkpoint.initial_load_path (with checkpoint.initial_load_in_hf) or model.hf_assets_path")
-    return args_from_hf(read_hf_config(folder), str(folder / "config.json"))
+    return folder_args(folder, model_type)
 
 
 def model_overrides(model_config) -> dict:
@@ -41,13 +42,13 @@ def model_overrides(model_config) -> dict:
     return out
 
 
-def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:
+def update_model_args(args: DecoderArgs, job_config, tokenizer) -> DecoderArgs:
     """The vocabulary is model.vocab_size, else the HF folder's the run loads (or whose architecture it takes),
     else the tokenizer's; the RoPE table covers exactly the training sequence length (context parallel shards it
     with the sequence). Weights from an HF folder must fit: any other field that differs is an error."""
     folder = hf_weights_folder(job_config)
     source = str(folder / "config.json") if folder else ""
-    hf_args = args_from_hf(read_hf_config(folder), source) if folder else None
+    hf_args = folder_args(folder, family_of(args).model_type) if folder else None
     overrides = model_overrides(job_config.model)
     if "vocab_size" not in overrides and job_config.model.flavor != "hf":
         overrides["vocab_size"] = hf_args.vocab_size if hf_args else tokenizer.vocab_size
