@@ -118,6 +118,18 @@ def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     assert "tokens/s/GPU" in proc.stdout
 
 
+def test_qwen3_32b_on_64_fake_ranks(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = run_module("titan.estimate", ["--config", f"{CONFIGS}/qwen3_32b_fsdp8_tp8_est.toml", "--job.dump_folder",
+                                         str(tmp_path)], env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "estimate.json").read_text())
+    assert report["layout"] | {"world_size": 64, "tp": 8, "dp_shard": 8} == report["layout"]
+    # Qwen3ForCausalLM's count (tests/titan/models/qwen3/test_flavors.py), QK-norms included, over the 64 shards.
+    assert report["params_over_all_shards"] == report["num_params"] == 32_762_123_264
+    assert {c["group"] for c in report["ranks"][0]["collectives"]} == {"tp", "fsdp"}
+
+
 def _fsdp_rows(world, *extra):
     cfg = parse_args(["--comm.world_size", str(world), "--model.n_layers", "2", "--float8.enable", *extra])
     return [c for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] == "fsdp"]
