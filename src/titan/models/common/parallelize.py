@@ -84,7 +84,7 @@ def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Modul
     if model.args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
         # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
         raise UserError("tied embeddings (model.tie_embeddings) train with FSDP/HSDP and context parallel; drop "
-                         "tensor/pipeline parallel or pass --model.tie_embeddings untied")
+                         "tensor/pipeline parallel or pass --model.tie_embeddings false")
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
         args = model.args

@@ -10,10 +10,6 @@ from titan.hf import check_same_architecture, family_of, folder_args
 from titan.models.common.decoder import DecoderArgs
 from titan.tools.cli import UserError
 
-_INT_KEYS = ("vocab_size", "hidden_dim", "multiple_of", "rope_original_max_seq_len")
-_FLOAT_KEYS = ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
-               "rope_high_freq_factor")
-
 
 def hf_weights_folder(job_config) -> Path | None:
     """The Hugging Face folder the run's initial weights come from, if any."""
@@ -32,16 +28,6 @@ def args_from_folder(model_type: str, job_config) -> DecoderArgs:
     return folder_args(folder, model_type)
 
 
-def model_overrides(model_config) -> dict:
-    """The llama3 fields that the config's model.* keys set (0 / "flavor" = keep the flavor's)."""
-    out = {k: getattr(model_config, k) for k in (*_INT_KEYS, *_FLOAT_KEYS) if getattr(model_config, k)}
-    if model_config.rope_scaling != "flavor":
-        out["rope_scaling"] = model_config.rope_scaling
-    if model_config.tie_embeddings != "flavor":
-        out["tie_embeddings"] = model_config.tie_embeddings == "tied"
-    return out
-
-
 def update_model_args(args: DecoderArgs, job_config, tokenizer) -> DecoderArgs:
     """The vocabulary is model.vocab_size, else the HF folder's the run loads (or whose architecture it takes),
     else the tokenizer's; the RoPE table covers exactly the training sequence length (context parallel shards it
@@ -49,11 +35,11 @@ def update_model_args(args: DecoderArgs, job_config, tokenizer) -> DecoderArgs:
     folder = hf_weights_folder(job_config)
     source = str(folder / "config.json") if folder else ""
     hf_args = folder_args(folder, family_of(args).model_type) if folder else None
-    overrides = model_overrides(job_config.model)
-    if "vocab_size" not in overrides and job_config.model.flavor != "hf":
-        overrides["vocab_size"] = hf_args.vocab_size if hf_args else tokenizer.vocab_size
+    updates = {"max_seq_len": job_config.training.seq_len}
+    if "vocab_size" not in job_config.model.args and job_config.model.flavor != "hf":
+        updates["vocab_size"] = hf_args.vocab_size if hf_args else tokenizer.vocab_size
     try:
-        args = dataclasses.replace(args, **overrides, max_seq_len=job_config.training.seq_len)
+        args = dataclasses.replace(args, **updates)
     except ValueError as e:
         raise UserError(f"model: {e}") from None
     if tokenizer.vocab_size > args.vocab_size:

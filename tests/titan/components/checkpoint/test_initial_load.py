@@ -115,7 +115,7 @@ def test_a_flavor_that_disagrees_with_the_folder_is_named(hf_folder, tmp_path):
         Trainer(run_config(folder, tmp_path, "--model.flavor", "debug"))
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"tie_word_embeddings = True .* model\.tie_embeddings = False"):
-        Trainer(run_config(folder, tmp_path, "--model.tie_embeddings", "untied"))
+        Trainer(run_config(folder, tmp_path, "--model.tie_embeddings", "false"))
 
 
 def test_weights_that_disagree_with_config_json_are_named(hf_folder, tmp_path):
