@@ -130,12 +130,10 @@ class Attention(nn.Module):
         k = self.wk(x_BTD).view(B, T, -1, self.head_dim)
         v = self.wv(x_BTD).view(B, T, -1, self.head_dim)
         q, k = apply_rotary(q, rope_TH2), apply_rotary(k, rope_TH2)
-        repeats = self.n_heads // self.n_kv_heads
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if repeats > 1:
-            k = k.repeat_interleave(repeats, dim=1)
-            v = v.repeat_interleave(repeats, dim=1)
-        out_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Grouped-query attention inside the kernel: no copies of k and v repeated per query head.
+        out_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(out_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, init_std: float) -> None:
