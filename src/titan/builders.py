@@ -1,7 +1,8 @@
 """What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
 
-The model parts come about as DESIGN prescribes: built on the meta device, split into pipeline stages,
-parallelized (TP -> CP -> AC -> compile -> FSDP), then materialized with `to_empty` and initialized.
+The model parts are built on the meta device, split into pipeline stages, parallelized in the fixed order of
+docs/architecture.md (float8 -> TP -> AC -> compile -> FSDP; CP wraps each step), then materialized with
+`to_empty` and initialized.
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ def materialize(parts: list[nn.Module], device: torch.device, initial_state_dict
 
 
 def warn_if_bf16_is_slow(device: torch.device, cfg: JobConfig) -> None:
-    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls: 10-50x slower
-    than float32 there (13x measured on an AVX2 EPYC), so the default precision would make every run crawl."""
+    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls, many times slower
+    than float32 there (benchmarks/RESULTS.md), so the default precision would make every run crawl."""
     if device.type == "cpu" and cfg.training.mixed_precision_param == "bfloat16" and not cpu_has_bf16_units():
         logger.warning("training.mixed_precision_param bfloat16 on a CPU without bf16 units (no AVX512-BF16 or "
                        "AMX): its matmuls run 10-50x slower than float32 here; pass "

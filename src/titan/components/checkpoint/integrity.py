@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-try:  # xxh3 hashes ~5 GB/s on one core here (crc32 ~1.6 GB/s); xxhash comes with `datasets`
+try:  # xxh3 hashes about 3x faster than crc32 (benchmarks/RESULTS.md); xxhash comes with `datasets`
     import xxhash
 except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes carry crc32 instead
     xxhash = None
