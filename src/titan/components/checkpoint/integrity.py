@@ -10,7 +10,7 @@ import os
 import shutil
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,7 @@ except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes
     xxhash = None
 
 CHUNK = 16 << 20
+T = TypeVar("T")
 
 
 class _Crc32:
@@ -71,12 +72,13 @@ def _group() -> tuple[int, int]:
     return 0, 1
 
 
-def agree(error: str | None) -> str | None:
-    """The first rank's error, or None when every rank has none (a collective: all ranks call it)."""
+def agree(error: T) -> T:
+    """The first rank's error (a message or an exception), or None when every rank has none (a collective: all
+    ranks call it)."""
     rank, world = _group()
     if world == 1:
         return error
-    errors: list[str | None] = [None] * world
+    errors: list[T] = [None] * world
     dist.all_gather_object(errors, error)
     return next((e for e in errors if e), None)
 

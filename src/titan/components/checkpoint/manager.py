@@ -41,7 +41,7 @@ from titan.components.checkpoint.reader import (
     read_checkpoint,
     read_manifest,
 )
-from titan.components.checkpoint.safe_reader import load_metadata
+from titan.components.checkpoint.safe_reader import UnsafeCheckpoint, load_metadata
 from titan.tools.fault import fault_point
 from titan.tools.logging import logger
 
@@ -277,6 +277,8 @@ class CheckpointManager:
             # Counters added after the checkpoint was written are not in it: the caller keeps its defaults.
             try:
                 saved = set(load_metadata(path).state_dict_metadata)
+            except UnsafeCheckpoint:
+                raise
             except ValueError as e:
                 raise DamagedCheckpoint(str(e)) from None
             state["train_state"] = {k: v for k, v in state["train_state"].items() if f"train_state.{k}" in saved}

@@ -126,7 +126,7 @@ def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: s
         os.replace(tmp, path)
     if dist.is_initialized():
         dist.barrier()
-    return np.load(path, mmap_mode="r")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def check_seq_len(state: dict[str, Any], seq_len: int) -> None:
