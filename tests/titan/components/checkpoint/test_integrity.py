@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 
 from tests.titan.components.checkpoint.test_manager import trained_linear
 from titan.components.checkpoint import CheckpointError, CheckpointManager, DamagedCheckpoint
-from titan.components.checkpoint.integrity import WRITE_HASH, file_digest
+from titan.components.checkpoint.integrity import WRITE_HASH, file_digest, nonfinite_entry
 from titan.config import JobConfig
 
 
@@ -136,3 +136,17 @@ def test_stale_tmp_folders_are_removed_at_start_up(tmp_path):
     (tmp_path / "notes.tmp").mkdir()  # not ours: left alone
     manager(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-1"]
+
+
+@pytest.mark.parametrize("trial", range(5))
+def test_nonfinite_entry_names_the_first_key_a_per_tensor_check_would(trial):
+    rng = random.Random(trial)
+    state = {"model": {f"w{i}": torch.randn(rng.randrange(1, 50), dtype=rng.choice([torch.float32, torch.bfloat16]))
+                       for i in range(12)},
+             "train_state": {"step": torch.tensor(3)}, "empty": torch.empty(0)}
+    names = [f"model.w{i}" for i in range(12)]
+    for name in rng.sample(names, rng.randrange(0, 3)):
+        t = state["model"][name.split(".")[1]]
+        t[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
+    expected = next((n for n in names if not torch.isfinite(state["model"][n.split(".")[1]]).all()), None)
+    assert nonfinite_entry(state) == expected
