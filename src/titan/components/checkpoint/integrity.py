@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+from titan.tools.cli import UserError
 
 try:  # xxh3 hashes ~5 GB/s on one core here (crc32 ~1.6 GB/s); xxhash comes with `datasets`
     import xxhash
@@ -23,6 +26,7 @@ except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes
 
 CHUNK = 16 << 20
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Crc32:
@@ -81,6 +85,19 @@ def agree(error: T) -> T:
     errors: list[T] = [None] * world
     dist.all_gather_object(errors, error)
     return next((e for e in errors if e), None)
+
+
+def agreed(action: Callable[[], R]) -> R:
+    """Runs a rank-local action (no collectives inside) on every rank; when it raises a user-facing error or an
+    OSError on any rank, every rank raises the first rank's, so none is left waiting in a later collective."""
+    result, error = None, None
+    try:
+        result = action()
+    except (UserError, OSError) as e:
+        error = e
+    if error := agree(error):
+        raise error
+    return result
 
 
 def _merge(part: dict[str, Any]) -> dict[str, Any]:

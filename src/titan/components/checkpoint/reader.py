@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titan.components.checkpoint.integrity import agree, describe, files_problem, nonfinite_entry
+from titan.components.checkpoint.integrity import agree, agreed, describe, files_problem, nonfinite_entry
 from titan.components.checkpoint.safe_reader import (
     CheckpointError,
     DamagedCheckpoint,
@@ -70,15 +70,7 @@ def check_identity(path: Path, manifest: dict[str, Any], identity: dict[str, Any
 
 def verify(path: Path, manifest: dict[str, Any]) -> None:
     """Raises DamagedCheckpoint when a recorded file is missing, resized or changed, or the metadata is bad."""
-    problem = files_problem(path, manifest.get("files", {}))
-    if problem is None:
-        try:
-            problem = metadata_problem(path)
-        except UnsafeCheckpoint as e:
-            problem = e
-        problem = agree(problem)
-    if isinstance(problem, UnsafeCheckpoint):
-        raise problem
+    problem = files_problem(path, manifest.get("files", {})) or agree(agreed(lambda: metadata_problem(path)))
     if problem:
         raise DamagedCheckpoint(f"checkpoint {path}: {problem}")
 
