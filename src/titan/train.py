@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from titan.builders import check_outputs_are_ours
 from titan.config import help_text, parse_args
 from titan.estimate.dry_run import main as estimate_main
 from titan.tools.cli import entry_point, run
@@ -18,6 +19,7 @@ def main(argv: list[str]) -> int:
     if job_config.comm.mode == "fake":
         # A dry run: the same parallelize code on a fake process group of the target size, no training.
         return estimate_main(argv)
+    check_outputs_are_ours(job_config)
     trainer = Trainer(job_config)
     try:
         if job_config.checkpoint.create_seed_checkpoint:
