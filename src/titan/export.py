@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from titan.components.checkpoint import complete_steps
 from titan.config import parse_args
 from titan.config.dtypes import TORCH_DTYPES
 from titan.models.llama3.hf_files import save_hf
@@ -37,6 +38,10 @@ def export_to_hf(argv: list[str], out_dir: Path) -> Path:
     if config.model.name != "llama3":
         raise UserError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
     check_target(out_dir, config.dump_folder)
+    folder = Path(config.dump_folder) / config.checkpoint.folder
+    if not complete_steps(folder):  # before the Trainer, which would create the dump folder
+        raise UserError(f"no checkpoint to export in {folder}; give the --config and --job.dump_folder of a run "
+                        "that saved one (checkpoint.enable)")
     trainer = Trainer(config)
     if trainer.step == 0:
         raise UserError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")

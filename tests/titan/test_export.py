@@ -51,3 +51,10 @@ def test_export_leaves_the_runs_config_alone_even_when_it_fails(tmp_path, capsys
     assert main(["--to-hf", str(tmp_path / "hf2"), *TINY, "--model.n_layers", "3", "--job.dump_folder", str(run)]) == 2
     assert "with other dimensions: n_layers 2 (this run 3)" in capsys.readouterr().err
     assert (run / "config.toml").read_text() == before
+
+
+def test_nothing_to_export_is_named_and_leaves_no_folder_behind(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["--to-hf", str(tmp_path / "hf"), *TINY, "--job.dump_folder", str(run)]) == 2
+    assert f"no checkpoint to export in {run / 'checkpoint'}" in error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
