@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
+from titan.components.checkpoint import CheckpointManager, complete_steps, load_full_model_state_dict
 from titan.components.checkpoint.initial_load import initial_checkpoint, initial_state_dict, load_initial_checkpoint
 from titan.components.metrics.throughput import cpu_has_bf16_units
 from titan.config import JobConfig
@@ -38,6 +39,33 @@ FULL_INIT_MAX_PARAMS = 2_000_000_000
 def check_dump_folder_writable(folder: str) -> None:
     """Fails before anything is written when the dump folder cannot be created or written."""
     check_writable(folder, "job.dump_folder", "pass --job.dump_folder with a writable path")
+
+
+def check_outputs_are_ours(cfg: JobConfig) -> None:
+    """A new run (nothing to resume) never writes into another run's outputs: with metrics.jsonl or tensorboard
+    files already in job.dump_folder it stops in one line, unless job.overwrite, which removes them first. A run
+    that resumes from its checkpoint keeps appending. Checked by the launching rank 0 (the one writing metrics)."""
+    writes_metrics = cfg.metrics.enable_jsonl or cfg.metrics.enable_tensorboard
+    if int(os.environ.get("RANK", "0")) != 0 or cfg.checkpoint.create_seed_checkpoint or not writes_metrics:
+        return
+    folder = Path(cfg.dump_folder)
+    if cfg.checkpoint.enable and complete_steps(folder / cfg.checkpoint.folder):
+        return
+    metrics, tb = folder / "metrics.jsonl", folder / cfg.metrics.save_tb_folder
+    found = [p for p in (metrics, tb) if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir()))]
+    if not found:
+        return
+    if cfg.job.overwrite:
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        logger.info(f"job.overwrite: removed the previous run's {', '.join(p.name for p in found)} from {folder}")
+        return
+    raise UserError(f"job.dump_folder {folder} holds another run's {' and '.join(p.name for p in found)} and no "
+                    "checkpoint to resume from; pass --job.dump_folder with a new folder, or --job.overwrite to "
+                    "replace that run's metrics")
 
 
 def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> ParallelDims:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from titan.components.checkpoint import complete_steps
 from titan.config import parse_command_line
 from titan.config.dtypes import TORCH_DTYPES
 from titan.hf import save_state_dict
@@ -39,6 +40,10 @@ def export_to_hf(argv: list[str], out_dir: Path) -> Path:
     if get_model_spec(config.model.name, config.model.spec).load_hf_weights is None:
         raise UserError(f"--to-hf: model {config.model.name} has no Hugging Face format")
     check_target(out_dir, config.dump_folder)
+    folder = Path(config.dump_folder) / config.checkpoint.folder
+    if not complete_steps(folder):  # before the Trainer, which would create the dump folder
+        raise UserError(f"no checkpoint to export in {folder}; give the --config and --job.dump_folder of a run "
+                        "that saved one (checkpoint.enable)")
     trainer = Trainer(config)
     if trainer.step == 0:
         raise UserError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
