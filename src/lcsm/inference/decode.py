@@ -334,19 +334,26 @@ class NativeDecodeState(CompiledDecodeState):
 DECODES = {"eager": EagerDecodeState, "compiled": CompiledDecodeState, "native": NativeDecodeState}
 
 
-def default_decode(model: HyenaLM) -> str:
-    """native where it can be built (float32 or float64 weights on a CPU with a C compiler), else eager."""
+def default_decode(model: nn.Module) -> str:
+    """native where it can be built (a HyenaLM with float32 or float64 weights on a CPU with a C compiler), else
+    eager."""
     weight = model.tok_embeddings.weight
-    return "native" if native.available(weight.device, weight.dtype) else "eager"
+    return "native" if isinstance(model, HyenaLM) and native.available(weight.device, weight.dtype) else "eager"
 
 
 @torch.no_grad()
-def new_decode_state(model: HyenaLM, engine: str, batch: int, decode: str = "eager",
+def new_decode_state(model: nn.Module, engine: str, batch: int, decode: str = "eager", length: int | None = None,
                      **flash_options) -> DecodeState:
-    """A fresh state for `batch` sequences, decoding with the named online engine (see lcsm.inference.engines).
+    """A fresh state for `batch` sequences of the model (a HyenaLM or a HyenaDNA), decoding with the named online
+    engine (see lcsm.inference.engines) over `length` positions (default: the filters' full length).
     decode: the step outside the long convolutions, "eager" (EagerBlocks), "compiled" (block_exit compiled by
-    AOTInductor, built once per machine and shape) or "native" (block_exit in C)."""
+    AOTInductor, built once per machine and shape) or "native" (block_exit in C); a HyenaDNA decodes eagerly."""
+    from lcsm.inference.dna_decode import DNADecodeState  # it builds on DecodeState, defined here
+
     if decode not in DECODES:
         raise ValueError(f"unknown decode {decode!r}; choose one of {', '.join(DECODES)}")
-    engine = build_engine(engine, model.inference_filters(), batch, **flash_options)
-    return DECODES[decode](model, engine, batch)
+    dna = not isinstance(model, HyenaLM)
+    if dna and decode != "eager":
+        raise ValueError(f"decode {decode!r} folds a HyenaLM's weights; a {type(model).__name__} decodes eagerly")
+    engine = build_engine(engine, model.inference_filters(length), batch, **flash_options)
+    return (DNADecodeState if dna else DECODES[decode])(model, engine, batch)

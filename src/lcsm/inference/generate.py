@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lcsm.inference.decode import DECODES, default_decode, new_decode_state
 from lcsm.inference.engines import ENGINES
@@ -24,10 +25,11 @@ from titan.tools.cli import UserError, entry_point, run
 
 
 @torch.no_grad()
-def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
+def generate(model: nn.Module, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
              temperature: float = 0.0, generator: torch.Generator | None = None, decode: str = "eager",
              **flash_options) -> torch.Tensor:
-    """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0."""
+    """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0.
+    The model: a HyenaLM or a HyenaDNA; the engine's filters cover the positions the generation uses."""
     B, P = prompt_BP.shape
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -36,7 +38,7 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
             f"prompt ({P}) + max_new_tokens ({max_new_tokens}) needs {P + max_new_tokens - 1} positions but the "
             f"filters cover max_seq_len = {model.args.max_seq_len}; shorten the prompt or generate fewer tokens"
         )
-    state = new_decode_state(model, engine, B, decode=decode, **flash_options)
+    state = new_decode_state(model, engine, B, decode=decode, length=P + max_new_tokens - 1, **flash_options)
     logits = state.prefill(prompt_BP)[:, -1]
     new = []
     for i in range(max_new_tokens):
