@@ -24,7 +24,6 @@ def random_model(args: HyenaDNAArgs, dtype: torch.dtype = torch.float64, seed: i
 
 def reference_state(model: HyenaDNA, layout: str, checkpoint_mixer: bool = False,
                     tied_head: bool = False) -> dict[str, torch.Tensor]:
-    args = model.args
     top = "model.backbone." if layout == "published" else "hyena.backbone."
     out = {top + "embeddings.word_embeddings.weight": model.tok_embeddings.weight,
            top + "ln_f.weight": model.norm.weight, top + "ln_f.bias": model.norm.bias}
