@@ -63,6 +63,16 @@ class HyenaDNAArgs:
         return -(-self.vocab_size // m) * m
 
 
+HYENADNA_CONFIGS = {
+    f"hyenadna-{name}": HyenaDNAArgs(d_model=d, n_layer=n, d_inner=4 * d, l_max=l_max, emb_dim=5, filter_order=64,
+                                     w=10.0)
+    for name, d, n, l_max in (("tiny-1k", 128, 2, 1026), ("small-32k", 256, 4, 32770),
+                              ("medium-160k", 256, 8, 160002), ("medium-450k", 256, 8, 450002),
+                              ("large-1m", 256, 8, 1_000_002))
+}
+"""The published checkpoints' configurations (config.json of LongSafari/hyenadna-<name>-seqlen)."""
+
+
 def positional_features(l_max: int, emb_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """z (l_max, emb_dim): normalized time t, then cos(f_b w_k) and -sin(f_b w_k) for (emb_dim - 1) / 2 bands f_b
     from 1e-4 to bands - 1, with w_k = 2 pi k / l_max; and t (l_max,), k / (l_max - 1)."""
