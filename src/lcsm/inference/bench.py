@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from lcsm.inference import bench_report, native
+from lcsm.inference import bench_report
+from lcsm.inference.accel import native
 from lcsm.inference.decode import DECODES, new_decode_state
 from lcsm.inference.engines import build_engine
 from lcsm.inference.tau import TAUS, triton_available

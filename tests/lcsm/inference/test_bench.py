@@ -5,7 +5,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from lcsm.inference import native
+from lcsm.inference.accel import native
 from lcsm.inference.bench import gc_paused, main
 
 

@@ -13,7 +13,7 @@ from packaging.version import Version
 TRITON_CHECK = """
 import torch
 from lcsm.inference.tau import build_tau
-from lcsm.inference.tau_triton import toeplitz_tile
+from lcsm.inference.accel.tau_triton import toeplitz_tile
 gen = torch.Generator().manual_seed(0)
 rho = torch.randn(2, 160, generator=gen)
 fft, triton_tau = build_tau("fft", rho[:, :40]), build_tau("triton", rho[:, :40])
@@ -33,7 +33,7 @@ OFFSET_CHECK = """
 import torch
 import triton
 import triton.language as tl
-from lcsm.inference.tau_triton import row_start
+from lcsm.inference.accel.tau_triton import row_start
 start_of = row_start()
 
 @triton.jit
