@@ -157,20 +157,30 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
     state = new_decode_state(model, name, B, decode=decode, **options)
+    timed = _generate(state, tokens, device, budget)
+    if timed is None:
+        return None
+    logits, times = timed
+    return dict(**times, decode=decode, max_abs_err=(logits - ref).abs().max().item(), layers=layers,
+                **_plan(state.engine))
+
+
+def _generate(state, tokens_BL: torch.Tensor, device: torch.device, budget: float) -> tuple[torch.Tensor, dict] | None:
+    """Steps the decode state through tokens 1 .. L-1 after a one-token prefill: the last logits and the seconds
+    (total_s, the process's; wall_s; mixer_s, the long convolutions' share), or None once over budget."""
     mixer_seconds = _time_long_convolutions(state, device)
-    state.prefill(tokens[:, :1])
-    inputs, now = tokens.T.unbind(0), clock(device)
+    state.prefill(tokens_BL[:, :1])
+    inputs, now = tokens_BL.T.unbind(0), clock(device)
     sync(device)
     with gc_paused():
         start, wall_start = now(), time.perf_counter()
-        for t in range(1, L):
+        for t in range(1, tokens_BL.shape[1]):
             logits = state.step(inputs[t])
             if t % 256 == 0 and now() - start > budget:
                 return None
         sync(device)
         total_s, wall_s = now() - start, time.perf_counter() - wall_start
-    return dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, decode=decode, wall_s=wall_s,
-                max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_plan(state.engine))
+    return logits, dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, wall_s=wall_s)
 
 
 def _time_long_convolutions(state, device: torch.device) -> Callable[[], float]:
@@ -234,20 +244,12 @@ def bench_hyenadna(method: str, L: int, name: str, device: torch.device, budget:
     state = new_decode_state(model, engine, 1, length=L, **options)
     if engine == "flash":
         _choose_taus(state.engine)
-    mixer_seconds = _time_long_convolutions(state, device)
-    state.prefill(tokens[:, :1])
-    inputs, now = tokens.T.unbind(0), clock(device)
-    sync(device)
-    with gc_paused():
-        start, wall_start = now(), time.perf_counter()
-        for t in range(1, L):
-            logits = state.step(inputs[t])
-            if t % 256 == 0 and now() - start > budget:
-                return None
-        sync(device)
-        total_s, wall_s = now() - start, time.perf_counter() - wall_start
-    return dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, wall_s=wall_s, decode="eager",
-                max_abs_err=(logits - ref).abs().max().item(), layers=model.args.n_layer, model=name,
+    timed = _generate(state, tokens, device, budget)
+    if timed is None:
+        return None
+    logits, times = timed
+    return dict(**times, decode="eager", max_abs_err=(logits - ref).abs().max().item(), layers=model.args.n_layer,
+                model=name,
                 extrapolated=False, **_plan(state.engine))
 
 
