@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -262,9 +263,11 @@ def prepare(cfg: RunConfig) -> tuple[Dataset, list[Arch], list[int]]:
     return data, members, sizes
 
 
-def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[int]) -> list[MethodResult]:
+def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[int],
+               done: Callable[[list[MethodResult]], None] = lambda results: None) -> list[MethodResult]:
     """Every method of run.methods at every budget and ensemble size; the independent baseline's first k
-    members serve every size k of a budget."""
+    members serve every size k of a budget. `done` gets the results so far after each size (a long sweep's
+    report is written as it goes)."""
     torch.set_num_threads(cfg.training.threads or torch.get_num_threads())
     if cfg.training.spread == "members":
         init_distributed()  # ranks exchange members' results: join torchrun's process group before any net trains
@@ -309,4 +312,5 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
                     r.speedup = Speedup(base_r.train_cost / r.train_cost, base_r.wall_s / r.wall_s,
                                         base_r.cpu_s / r.cpu_s)
             results += at_k.values()
+            done(results)
     return results

@@ -20,7 +20,7 @@ BN_EPS = 1e-5
 def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     """x in channels-last memory with strides that say so, also for one channel (where `contiguous(memory_format)`
     keeps channels-first strides): each layer keeps its input's layout, and at these widths oneDNN's convolutions
-    take 0.6-0.87x the time in channels-last (forward + backward, each of the fashion sweep's nets)."""
+    run faster channels-last (benchmarks/RESULTS.md)."""
     if channels_last(x):
         return x
     return x.new_empty(x.shape[0], *x.shape[2:], x.shape[1]).permute(0, 3, 1, 2).copy_(x)

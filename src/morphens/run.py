@@ -42,11 +42,11 @@ def main(argv: list[str]) -> int:
         prepared = prepare(cfg)
     except (ValueError, FileNotFoundError) as e:  # morphens' config and input checks raise these, before any work
         raise UserError(str(e)) from None
-    results = experiment(cfg, *prepared)
-    if int(os.environ.get("RANK", "0")) == 0:  # every rank holds every result (FSDP or gathered); one writes
-        out = report.write(cfg, results)
+    writer = int(os.environ.get("RANK", "0")) == 0  # every rank holds every result (FSDP or gathered); one writes
+    results = experiment(cfg, *prepared, done=lambda so_far: report.write(cfg, so_far) if writer else None)
+    if writer:
         print(report.table(results))
-        print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
+        print(f"wrote {cfg.run.out}/results.json and {cfg.run.out}/results.png")
     return 0
 
 

@@ -211,7 +211,9 @@ def test_budgets_scale_every_methods_epochs_and_each_method_gets_its_speedup(mon
         return real_fit(net, data, run_cfg, e, lr, seed, name, solo)
 
     monkeypatch.setattr(experiment, "fit", spy)
-    results = experiment.experiment(cfg, data, members, [2])
+    reported = []
+    results = experiment.experiment(cfg, data, members, [2], done=lambda so_far: reported.append(len(so_far)))
+    assert reported == [3, 6]  # the report is rewritten after each budget's size
     assert [(r.method, r.budget) for r in results] == [(m, b) for b in (0.5, 1.0)
                                                        for m in ("mothernets", "independent", "snapshot")]
     assert len(epochs) == 2 + 2 + 2 + 2 and all(len(e) == 2 and e[0] == pytest.approx(e[1] / 2) for e in epochs.values())
