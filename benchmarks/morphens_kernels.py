@@ -1,4 +1,7 @@
-"""Do morphens' C kernels (src/morphens/kernels.c) beat the best torch option? Side by side, in one run.
+"""Did morphens' C kernels (src/morphens/kernels.c) beat the best torch option? Side by side, in one run.
+
+None beat it by 1.3x on both nets, so they were removed after this comparison (benchmarks/RESULTS.md); their
+options run at a commit that still has src/morphens/fused.py (948a282), and the torch options run anywhere.
 
 For the fashion sweep's mother and its first member (configs/morphens/fashion_sweep.toml, K = 8, batch 256 and
 128) it times one training step (forward, backward, AdamW) under each option, rounds interleaved so that a
@@ -24,6 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from morphens import models
+
+try:
+    from morphens import fused
+except ImportError:  # the kernels' removal: only the torch options remain
+    fused = None
 from morphens.config import load_config
 from morphens.data import Loader, load
 from morphens.experiment import members_of
@@ -33,14 +41,15 @@ from morphens.train import seeded
 CONFIG = Path(__file__).resolve().parents[1] / "configs/morphens/fashion_sweep.toml"
 TORCH_OPS = {"bn_relu": lambda x, bn: F.relu(bn(x)), "max_pool2": lambda x: F.max_pool2d(x, 2),
              "conv": lambda x, conv2d: conv2d(x)}
-C_OPS = {name: getattr(models, name) for name in TORCH_OPS}
+C_OPS = {name: getattr(fused, name) for name in TORCH_OPS} if fused else {}
 KEEP_RATIO = 1.3
 
 
 def use_kernels(names: set[str]) -> None:
     """Routes models' layers through the C kernels named, torch's ops for the rest."""
-    for name in TORCH_OPS:
-        setattr(models, name, C_OPS[name] if name in names else TORCH_OPS[name])
+    if fused:
+        for name in TORCH_OPS:
+            setattr(models, name, C_OPS[name] if name in names else TORCH_OPS[name])
 
 
 def stepper(net: torch.nn.Module, compiled: bool):
@@ -60,8 +69,9 @@ def options() -> dict[str, tuple[int, bool, set[str]]]:
     """name -> (threads, compiled, C kernels)."""
     out = {f"eager-{n}t": (n, False, set()) for n in (1, 2)}
     out |= {f"compile-{n}t": (n, True, set()) for n in (1, 2)}
-    out |= {f"c-{name}": (1, False, {name}) for name in TORCH_OPS}
-    out["c-all"] = (1, False, set(TORCH_OPS))
+    if fused:
+        out |= {f"c-{name}": (1, False, {name}) for name in TORCH_OPS}
+        out["c-all"] = (1, False, set(TORCH_OPS))
     return out
 
 
