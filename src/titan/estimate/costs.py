@@ -109,7 +109,8 @@ def layer_params(args) -> dict[str, int]:
     q_dim = args.n_heads * args.head_dim
     return {"wq": args.dim * q_dim, "wk": args.dim * kv_dim, "wv": args.dim * kv_dim, "wo": q_dim * args.dim,
             "w1": args.dim * args.ffn_hidden_dim, "w2": args.ffn_hidden_dim * args.dim,
-            "w3": args.dim * args.ffn_hidden_dim, "norms": 2 * args.dim}
+            "w3": args.dim * args.ffn_hidden_dim,
+            "norms": 2 * args.dim + (2 * args.head_dim if getattr(args, "qk_norm", False) else 0)}
 
 
 def block_activation_elems(args, tp: int, kind: str) -> float:
@@ -127,6 +128,8 @@ def block_activation_elems(args, tp: int, kind: str) -> float:
         return D / tp + H * hd + Hkv * hd + F / tp + D + H * hd
     norms = 2 * D / tp + 2 * D
     attention = (H + 2 * Hkv) * hd + 2 * (H + Hkv) * hd + 3 * H * hd + 2 * H * hd
+    if getattr(args, "qk_norm", False):  # the per-head norms keep their inputs
+        attention += (H + Hkv) * hd
     return norms + attention + 4 * F / tp
 
 

@@ -11,7 +11,7 @@ from tests.launch import run_module
 from titan.config import parse_args
 from titan.estimate.dry_run import Hardware, estimate, main, resolve_model_args
 from titan.models import get_model_spec
-from titan.models.llama3.model import flops_per_token
+from titan.models.common.decoder import flops_per_token
 
 CONFIGS = "configs/titan"
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
@@ -116,6 +116,22 @@ def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     assert [len(first["layers"][0]), len(last["layers"][0])] == [15, 15]
     assert {c["group"] for c in first["collectives"]} == {"tp", "pp", "fsdp"}
     assert "tokens/s/GPU" in proc.stdout
+    *_, line = proc.stdout.strip().splitlines()
+    peak = max(r["memory_gib"] for r in report["ranks"])
+    assert line.startswith("done: dry run of llama3/405B on 512 ranks in ") and f"peak {peak:.1f} GiB" in line, line
+    assert line.endswith(f"outputs in {tmp_path / 'estimate.json'}"), line
+
+
+def test_qwen3_32b_on_64_fake_ranks(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = run_module("titan.estimate", ["--config", f"{CONFIGS}/qwen3_32b_fsdp8_tp8_est.toml", "--job.dump_folder",
+                                         str(tmp_path)], env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "estimate.json").read_text())
+    assert report["layout"] | {"world_size": 64, "tp": 8, "dp_shard": 8} == report["layout"]
+    # Qwen3ForCausalLM's count (tests/titan/models/qwen3/test_flavors.py), QK-norms included, over the 64 shards.
+    assert report["params_over_all_shards"] == report["num_params"] == 32_762_123_264
+    assert {c["group"] for c in report["ranks"][0]["collectives"]} == {"tp", "fsdp"}
 
 
 def _fsdp_rows(world, *extra):
