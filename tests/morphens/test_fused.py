@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.conftest import needs_compiler
 from torch import nn
 
 from morphens import fused
@@ -37,6 +38,7 @@ def laid_out(x, layout):
     return x.contiguous() if layout == "nchw" else to_channels_last(x)
 
 
+@needs_compiler
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("shape, offset", [((16, 6, 28, 28), 0.0), ((5, 3, 7, 9), 50.0), ((2, 4, 1, 1), 0.0),
                                            ((3, 35, 5, 5), 0.0), ((3, 2, 683, 1), 0.0)],
@@ -58,6 +60,7 @@ def test_bn_relu_equals_batchnorm_then_relu_in_training_mode(shape, offset, layo
         torch.testing.assert_close(getattr(ours, name), buffer, atol=1e-5, rtol=1e-5)
 
 
+@needs_compiler
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_bn_relu_is_as_exact_as_torch_far_from_zero(layout):
     """Inputs around 1000 +- 3: a float32 sum of squares would lose the variance; the shifted sums do not."""
@@ -67,6 +70,7 @@ def test_bn_relu_is_as_exact_as_torch_far_from_zero(layout):
     assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max()
 
 
+@needs_compiler
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes(layout):
     gen = torch.Generator().manual_seed(0)
@@ -81,6 +85,7 @@ def test_max_pool2_equals_torch_bit_for_bit_with_ties_nan_and_odd_sizes(layout):
     assert torch.equal(grads(ours, x)[0], grads(theirs, x)[0])
 
 
+@needs_compiler
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("kernel, size", [(3, (28, 28)), (5, (7, 9)), (1, (4, 4)), (7, (3, 5))])
 def test_one_channel_conv_equals_torch_to_rounding(kernel, size, layout):
@@ -122,7 +127,8 @@ def test_where_the_kernels_do_not_apply_the_torch_ops_run(case):
             y = fused.bn_relu(x.requires_grad_(), bn)
             assert type(y.grad_fn).__name__ == "ReluBackward0"
             pooled = type(fused.max_pool2(x).grad_fn).__name__
-            assert pooled == ("_MaxPool2Backward" if case == "eval_mode" else "MaxPool2DWithIndicesBackward0")
+            c_pool = case == "eval_mode" and fused.library() is not None  # pooling has no mode: C where built
+            assert pooled == ("_MaxPool2Backward" if c_pool else "MaxPool2DWithIndicesBackward0")
     finally:
         torch.set_num_threads(threads)
 
@@ -155,6 +161,7 @@ def test_without_a_working_compiler_the_torch_ops_run_with_a_warning(fresh_libra
     assert not list(fresh_library.glob("native/*"))
 
 
+@needs_compiler
 def test_a_damaged_library_is_reported_and_left_for_the_user_to_delete(fresh_library, caplog):
     damaged = fused.library_path(fused.compiler())
     damaged.parent.mkdir(parents=True)
@@ -164,6 +171,7 @@ def test_a_damaged_library_is_reported_and_left_for_the_user_to_delete(fresh_lib
     assert f"loading {damaged} failed" in caplog.text and "delete it to rebuild" in caplog.text
 
 
+@needs_compiler
 def test_source_compiles_without_warnings(tmp_path):
     command = fused.build_command(fused.compiler(), tmp_path / "k.so")
     proc = subprocess.run([command[0], "-Wall", "-Wextra", "-Werror", *command[1:]], capture_output=True, text=True)

@@ -2,8 +2,8 @@
 
 `agree` and `agreed` turn a problem that one rank sees (a file missing on its node, an error while building a
 cache) into every rank's, so that no rank is left waiting in a collective for one that has raised. `built_once`
-makes a cache file under a file lock: on a node-local cache folder the first rank of each node builds it, on a
-shared one the first rank of the job, and the others wait for the lock and then read it.
+makes a cache file under a lock on its folder: on a node-local cache folder the first rank of each node builds it,
+on a shared one the first rank of the job, and the others wait for the lock and then read it.
 """
 
 from __future__ import annotations
@@ -48,17 +48,22 @@ def agreed(action: Callable[[], R]) -> R:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Holds an exclusive lock on `path`.lock (fcntl: released by the system if the process dies). A filesystem
-    without locks (some network mounts) runs the block unlocked: callers still write atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f"{path.name}.lock"), "a") as f:
+def locked(folder: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `folder` (created if missing), for a read-modify-write or a build of a file in
+    it: fcntl.flock on the folder itself, so no lock file is left behind, and the system releases it if the process
+    dies. A filesystem without such locks (some network mounts) runs the block unlocked: writers still rename
+    whole files into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
                 raise
         yield
+    finally:
+        os.close(fd)
 
 
 def built_once(folder: Callable[[], Path], name: str, build: Callable[[Path], None]) -> Path:
@@ -69,7 +74,7 @@ def built_once(folder: Callable[[], Path], name: str, build: Callable[[Path], No
     def make() -> Path:
         try:
             path = folder() / name
-            with locked(path):
+            with locked(path.parent):
                 if not path.is_file():
                     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
                     try:
