@@ -1,7 +1,8 @@
 """What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
 
-The model parts come about as DESIGN prescribes: built on the meta device, split into pipeline stages,
-parallelized (TP -> CP -> AC -> compile -> FSDP), then materialized with `to_empty` and initialized.
+The model parts are built on the meta device, split into pipeline stages, parallelized in the fixed order of
+docs/architecture.md (float8 -> TP -> AC -> compile -> FSDP; CP wraps each step), then materialized with
+`to_empty` and initialized.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ from titan.tools.logging import logger
 
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
-
-MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
 
 
 def check_dump_folder_writable(folder: str) -> None:
@@ -116,7 +115,8 @@ def seed_everything(debug) -> None:
 
 
 def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
-    """The flavor's args with the config's `model.*` overrides, then the spec's own updates (e.g. vocab size)."""
+    """The flavor's args (or the Hugging Face folder's) with the config's `--model.<field>` keys (checked against
+    the family's fields when the config was read), then the spec's own updates (e.g. vocab size)."""
     if model_args is None:
         flavor = job_config.model.flavor
         if flavor == "hf" and spec.args_from_folder is not None:
@@ -126,15 +126,11 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
                              f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
         else:
             model_args = copy.deepcopy(spec.flavors[flavor])
-        overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
-        unsupported = [k for k in overrides if not hasattr(model_args, k)]
-        if unsupported:
-            raise UserError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
-        if overrides:
+        if job_config.model.args:
             try:
-                model_args = dataclasses.replace(model_args, **overrides)
+                model_args = dataclasses.replace(model_args, **job_config.model.args)
             except ValueError as e:
-                raise UserError(f"model overrides {overrides}: {e}") from None
+                raise UserError(f"model: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args
@@ -213,8 +209,8 @@ def materialize(parts: list[nn.Module], device: torch.device, initial_state_dict
 
 
 def warn_if_bf16_is_slow(device: torch.device, cfg: JobConfig) -> None:
-    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls: 10-50x slower
-    than float32 there (13x measured on an AVX2 EPYC), so the default precision would make every run crawl."""
+    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls, many times slower
+    than float32 there (benchmarks/RESULTS.md), so the default precision would make every run crawl."""
     if device.type == "cpu" and cfg.training.mixed_precision_param == "bfloat16" and not cpu_has_bf16_units():
         logger.warning("training.mixed_precision_param bfloat16 on a CPU without bf16 units (no AVX512-BF16 or "
                        "AMX): its matmuls run 10-50x slower than float32 here; pass "

@@ -66,6 +66,9 @@ def test_cli_generates_with_every_engine():
     proc = run_module("lcsm.generate", ["--engine", "all", "--max-new-tokens", "4"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens identical across lazy, eager, recompute, flash: True" in proc.stdout
+    *_, line = proc.stdout.strip().splitlines()
+    assert line.startswith("done: 4 tokens with lazy, eager, recompute, flash in ") and "flash " in line, line
+    assert line.endswith("ms/token, identical: True, outputs in the text above (no files)"), line
 
 
 class Payload:

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from titan.tools.agreement import agree
 
-try:  # xxh3 hashes ~5 GB/s on one core here (crc32 ~1.6 GB/s); xxhash comes with `datasets`
+try:  # xxh3 hashes about 3x faster than crc32 (benchmarks/RESULTS.md); xxhash comes with `datasets`
     import xxhash
 except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes carry crc32 instead
     xxhash = None

@@ -133,8 +133,8 @@ def publish_folder(tmp: Path, final: Path) -> None:
 class ReusedStagingBuffer(BlockingAsyncStager):
     """Stages each async save into the same host copy of the state, rebuilt only when the state's layout changes.
 
-    A fresh copy per save spends most of its time allocating and first-touching pages (CPU, 304 MiB: 0.10 s
-    fresh vs 0.02 s reused); on CUDA the buffer is pinned, so device-to-host copies run at full speed. The
+    A fresh copy per save spends most of its time allocating and first-touching pages, which a reused buffer
+    has done once (benchmarks/RESULTS.md); on CUDA the buffer is pinned, so device-to-host copies run at full speed. The
     manager waits for the previous save before staging the next, so the buffer is never read while rewritten.
     """
 
@@ -362,7 +362,7 @@ def _metadata(path: Path):
 def _plain(state: dict[str, Any]) -> bool:
     """A module state dict whose names and tensors are already those of the full model: no shard (FSDP, TP) and
     no `_orig_mod.` (torch.compile; activation checkpointing's wrapper hides its own name), so DCP's per-name
-    mapping, about 10 ms for a small model, would change nothing."""
+    mapping would cost time and change nothing."""
     return not any(isinstance(v, DTensor) for v in state.values()) and not any("_orig_mod." in k for k in state)
 
 
