@@ -4,13 +4,13 @@
 """
 
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch.distributed as dist
 
+from tests.launch import report_rank
 from titan.tools.agreement import built_once
 from titan.tools.cli import UserError
 
@@ -39,9 +39,7 @@ def main(scenario: str, folder: Path, out: Path) -> None:
         result["content"] = path.read_text()
     except UserError as e:
         result["error"] = str(e)
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    report_rank(out, result)
 
 
 if __name__ == "__main__":
