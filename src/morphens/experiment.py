@@ -216,7 +216,7 @@ def snapshot_ensemble(cfg: RunConfig, data: Dataset, members: list[Arch], labels
     s, t, k = cfg.snapshot, cfg.training, len(members)
     arch, cycles = snapshot_arch(cfg, members), s.cycles or k
     mine = {}
-    for _ in my_nets(cfg, [1.0]):
+    if my_nets(cfg, [1.0]):  # one chain: rank 0's where spreading
         runs = warm_restarts(seeded(arch, 2 * 10**6 + t.seed), data, at_batch(cfg, s.batch_size),
                              [s.cycle_epochs] * cycles, t.lr * s.lr_factor,
                              [derived_seed(t.seed, SNAPSHOT_ENSEMBLE, j) for j in range(cycles)],

@@ -1,6 +1,8 @@
-"""The experiment: MotherNets and the independent baseline, their seeds, snapshots and clusters."""
+"""The experiment: MotherNets, the independent baseline and Snapshot Ensembles, their seeds, snapshots, clusters
+and budgets."""
 
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -21,6 +23,31 @@ def tiny_mlp_ensemble(tmp_path, settings: dict[str, str]):
     cfg = load_config("", list({**defaults, **settings}.items()))
     data, members, _ = prepare(cfg)
     return cfg, data, members
+
+
+@dataclass
+class FitCall:
+    net: object
+    cfg: object
+    epochs: float
+    lr: float
+    seed: int
+    name: str
+    fit: train.Fit
+
+
+def spy_on_fits(monkeypatch) -> list[FitCall]:
+    """Every experiment.fit call from now on, in order, with what it returned."""
+    calls = []
+    real_fit = experiment.fit
+
+    def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
+        calls.append(FitCall(net, run_cfg, epochs, lr, seed, name, real_fit(net, data, run_cfg, epochs, lr, seed, name,
+                                                                         solo)))
+        return calls[-1].fit
+
+    monkeypatch.setattr(experiment, "fit", spy)
+    return calls
 
 
 def test_hatched_members_reach_independent_accuracy_in_fewer_epochs(tmp_path):
@@ -77,17 +104,11 @@ def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tm
     cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "12", "training.epochs": "0.1",
                                                       "mothernet.mother_epochs": "0.1", "mothernet.snapshots": "12",
                                                       "mothernet.snapshot_epochs": "0.1"})
-    seeds = []
-    real_fit = experiment.fit
-
-    def spy(net, data, cfg, epochs, lr, seed, name, solo=False):
-        seeds.append(seed)
-        return real_fit(net, data, cfg, epochs, lr, seed, name, solo)
-
-    monkeypatch.setattr(experiment, "fit", spy)
+    calls = spy_on_fits(monkeypatch)
     labels = eval_labels(data)
     independent(cfg, data, members, labels)
     mothernets(cfg, data, members, labels)
+    seeds = [c.seed for c in calls]
     assert len(seeds) == 12 + 12 + 12 and len(set(seeds)) == len(seeds)
 
 
@@ -142,16 +163,11 @@ def test_mothers_and_hatched_members_train_with_their_own_batch_size_and_lr(monk
                                                       "mothernet.snapshots": "2", "mothernet.snapshot_epochs": "0.1",
                                                       "mothernet.batch_size": "128", "mothernet.lr_factor": "2",
                                                       "mothernet.hatch_batch_size": "32"})
-    seen, fits = {}, {}
-    real_fit = experiment.fit
-
-    def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
-        seen[name.split("-")[0] + ("-snapshot" if "snapshot" in name else "")] = (run_cfg.training.batch_size, lr)
-        fits[name] = real_fit(net, data, run_cfg, epochs, lr, seed, name, solo)
-        return fits[name]
-
-    monkeypatch.setattr(experiment, "fit", spy)
+    calls = spy_on_fits(monkeypatch)
     out = mothernets(cfg, data, members, eval_labels(data))
+    seen = {c.name.split("-")[0] + ("-snapshot" if "snapshot" in c.name else ""): (c.cfg.training.batch_size, c.lr)
+            for c in calls}
+    fits = {c.name: c.fit for c in calls}
     lr = cfg.training.lr
     assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (32, lr * 1.0)}
     split = out.time
@@ -171,27 +187,19 @@ def test_snapshot_ensemble_averages_the_last_k_end_points_of_one_chain_of_warm_r
     cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "3", "snapshot.cycles": "4",
                                                       "snapshot.cycle_epochs": "0.2", "snapshot.batch_size": "32",
                                                       "snapshot.lr_factor": "0.5"})
-    fits = []
-    real_fit = experiment.fit
-
-    def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
-        fits.append((net, run_cfg.training.batch_size, epochs, lr, real_fit(net, data, run_cfg, epochs, lr, seed, name,
-                                                                            solo)))
-        return fits[-1][-1]
-
-    monkeypatch.setattr(experiment, "fit", spy)
+    fits = spy_on_fits(monkeypatch)
     labels = eval_labels(data)
     out = experiment.snapshot_ensemble(cfg, data, members, labels)
     arch = sorted(members, key=forward_flops)[1]
-    assert [f[0].arch for f in fits] == [arch] * 4
-    assert all(later[0] is earlier[-1].net for earlier, later in zip(fits, fits[1:]))
-    assert {(f[1], f[2], f[3]) for f in fits} == {(32, 0.2, 0.5 * cfg.training.lr)}
-    last = [train.accuracy(train.predict(f[-1].net, data), labels) for f in fits[1:]]
+    assert [f.net.arch for f in fits] == [arch] * 4
+    assert all(later.net is earlier.fit.net for earlier, later in zip(fits, fits[1:]))
+    assert {(f.cfg.training.batch_size, f.epochs, f.lr) for f in fits} == {(32, 0.2, 0.5 * cfg.training.lr)}
+    last = [train.accuracy(train.predict(f.fit.net, data), labels) for f in fits[1:]]
     assert out.method == "snapshot" and out.ensemble_size == 3 and out.member_acc == last
-    probs = torch.stack([train.predict(f[-1].net, data) for f in fits[1:]]).mean(0)
+    probs = torch.stack([train.predict(f.fit.net, data) for f in fits[1:]]).mean(0)
     assert out.ensemble_acc == train.accuracy(probs, labels)
-    assert out.train_cost == pytest.approx(sum(f[-1].flops for f in fits))
-    assert out.wall_s == pytest.approx(sum(f[-1].time.wall for f in fits))
+    assert out.train_cost == pytest.approx(sum(f.fit.flops for f in fits))
+    assert out.wall_s == pytest.approx(sum(f.fit.time.wall for f in fits))
 
 
 def test_budgets_scale_every_methods_epochs_and_each_method_gets_its_speedup(monkeypatch, tmp_path):
@@ -200,23 +208,19 @@ def test_budgets_scale_every_methods_epochs_and_each_method_gets_its_speedup(mon
     its budget and the device that ran it, and the methods beside the baseline its cost and time ratios."""
     cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "training.epochs": "0.4",
                                                       "mothernet.mother_epochs": "0.4", "mothernet.snapshots": "2",
-                                                      "mothernet.snapshot_epochs": "0.2", "snapshot.cycle_epochs": "0.2",
-                                                      "run.budgets": "0.5,1",
+                                                      "mothernet.snapshot_epochs": "0.2", "run.budgets": "0.5,1",
+                                                      "snapshot.cycle_epochs": "0.2",
                                                       "run.methods": "mothernets,independent,snapshot"})
-    epochs = {}
-    real_fit = experiment.fit
-
-    def spy(net, data, run_cfg, e, lr, seed, name, solo=False):
-        epochs.setdefault(name, []).append(e)
-        return real_fit(net, data, run_cfg, e, lr, seed, name, solo)
-
-    monkeypatch.setattr(experiment, "fit", spy)
+    calls = spy_on_fits(monkeypatch)
     reported = []
     results = experiment.experiment(cfg, data, members, [2], done=lambda so_far: reported.append(len(so_far)))
     assert reported == [3, 6]  # the report is rewritten after each budget's size
     assert [(r.method, r.budget) for r in results] == [(m, b) for b in (0.5, 1.0)
                                                        for m in ("mothernets", "independent", "snapshot")]
-    assert len(epochs) == 2 + 2 + 2 + 2 and all(len(e) == 2 and e[0] == pytest.approx(e[1] / 2) for e in epochs.values())
+    epochs = {}
+    for c in calls:
+        epochs.setdefault(c.name, []).append(c.epochs)
+    assert len(epochs) == 2 + 2 + 2 + 2 and all(e[0] == pytest.approx(e[1] / 2) for e in epochs.values())
     for r in results:
         assert r.device == "cpu"
         base = next(b for b in results if b.method == "independent" and b.budget == r.budget)
