@@ -31,7 +31,7 @@ from lcsm.inference.tau import TAUS, triton_available
 from lcsm.model.fftconv import fft_causal_conv
 from lcsm.model.hyena import HyenaArgs, HyenaLM
 from lcsm.model.hyenadna import HYENADNA_CONFIGS, HyenaDNA
-from titan.tools.cli import UserError, check_writable, entry_point, run
+from titan.tools.cli import UserError, check_writable, entry_point, report_done, run
 
 QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flash_triton"}
 """Budgeted methods: quadratic in L, or (the direct taus) quadratic in the largest tile."""
@@ -414,6 +414,7 @@ def check_device(name: str) -> torch.device:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    start = time.perf_counter()
     args = parse_args(argv)
     device = check_device(args.device)
     check_writable(args.out, "--out", "give another folder")  # before the benchmark, not after it
@@ -446,8 +447,12 @@ def main(argv: list[str]) -> int:
     bench_report.plot(records, out / "results.png")
     bench_report.print_table(records)
     bench_report.print_tiles(records)
-    print("\n".join(bench_report.ratio_summary(records)))
-    print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
+    ratios = bench_report.ratio_summary(records)
+    print("\n".join(ratios))
+    headline = [line for line in ratios if "than lazy" in line][-1:]
+    figure = ", ".join(headline + [f"max error {max(r['max_abs_err'] for r in records):.1e}"] * bool(records))
+    report_done(f"{len(records)} benchmark runs", time.perf_counter() - start, figure,
+                f"{out} (results.json, results.png)")
     return 0
 
 

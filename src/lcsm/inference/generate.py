@@ -23,7 +23,7 @@ from lcsm.inference.decode import DECODES, default_decode, new_decode_state
 from lcsm.inference.engines import ENGINES
 from lcsm.inference.tau import TAUS
 from lcsm.model.hyena import HyenaLM
-from titan.tools.cli import UserError, entry_point, run
+from titan.tools.cli import UserError, entry_point, report_done, run
 
 
 @torch.no_grad()
@@ -104,6 +104,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    began = time.perf_counter()
     args, overrides = parse_args(argv)
     engines = list(ENGINES) if args.engine == "all" else [args.engine]
     problems = [
@@ -139,22 +140,24 @@ def main(argv: list[str]) -> int:
         raise UserError(f"prompt ({prompt.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the "
                         f"model's max_seq_len {model.args.max_seq_len}; shorten the prompt or generate fewer tokens")
     decode = args.decode or default_decode(model)
-    results = {}
+    results, ms_per_token = {}, {}
     for engine in engines:
         options = {"tau": args.tau} if engine == "flash" else {}
         start = time.perf_counter()
         tokens = generate(model, prompt, args.max_new_tokens, engine, args.temperature,
                           torch.Generator().manual_seed(args.seed), decode=decode, **options)
-        seconds = time.perf_counter() - start
+        ms_per_token[engine] = (time.perf_counter() - start) / args.max_new_tokens * 1e3
         results[engine] = tokens
-        print(f"[{engine}] {seconds / args.max_new_tokens * 1e3:.1f} ms/token")
+        print(f"[{engine}] {ms_per_token[engine]:.1f} ms/token")
     first = results[engines[0]]
     print(tokenizer.decode(first[0].tolist()))
+    same = all(torch.equal(t, first) for t in results.values())
     if len(engines) > 1:
-        same = all(torch.equal(t, first) for t in results.values())
         print(f"tokens identical across {', '.join(engines)}: {same}")
-        return 0 if same else 1
-    return 0
+    figure = ", ".join(f"{e} {ms:.1f} ms/token" for e, ms in ms_per_token.items())
+    report_done(f"{args.max_new_tokens} tokens with {', '.join(engines)}", time.perf_counter() - began,
+                figure + (f", identical: {same}" if len(engines) > 1 else ""), "the text above (no files)")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
