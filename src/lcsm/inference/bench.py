@@ -420,7 +420,7 @@ def main(argv: list[str]) -> int:
     check_writable(args.out, "--out", "give another folder")  # before the benchmark, not after it
     out = Path(args.out)
     if args.model:
-        return main_model(args, device, out)
+        return main_model(args, device, out, start)
     lengths = args.lengths or ([2**8, 2**10, 2**12] if args.quick else [2**k for k in range(10, 18)])
     budget = args.budget if args.budget is not None else (3.0 if args.quick else 60.0)
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
@@ -456,7 +456,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def main_model(args, device: torch.device, out: Path) -> int:
+def main_model(args, device: torch.device, out: Path, start: float) -> int:
     lengths = args.lengths or [2**k for k in range(12, 19)]
     methods = args.methods or ["flash", "lazy"]
     budget = args.budget if args.budget is not None else 120.0
@@ -475,7 +475,11 @@ def main_model(args, device: torch.device, out: Path) -> int:
     (out / "results.json").write_text(json.dumps(records, indent=1))
     bench_report.plot(records, out / "results.png")
     print("\n".join(bench_report.model_table(records)))
-    print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
+    flash = [r for r in records if r["method"] == "flash"]
+    figure = f"flash {flash[-1]['us_per_token']:.0f} us/token at L={flash[-1]['seq_len']}" if flash else ""
+    measured = sum(not r["extrapolated"] for r in records)
+    report_done(f"{measured} {args.model} generations", time.perf_counter() - start, figure,
+                f"{out} (results.json, results.png)")
     return 0
 
 
