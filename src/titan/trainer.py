@@ -33,6 +33,7 @@ from titan.distributed.comm_stats import counted_step
 from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
 from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
+from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
 from titan.tools.logging import init_logger, logger
@@ -164,6 +165,9 @@ class Trainer:
             if apply:
                 opt.step()
             sched.step()
+        if self.config.float8.enable_fsdp_float8_all_gather:
+            for part in self.model_parts:
+                precompute_float8_scales(part)
         device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
         return {"tokens": tokens, "names": names, "device_values": device_values}
 

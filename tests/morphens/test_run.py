@@ -67,6 +67,12 @@ def test_cli_writes_results_and_plot(capsys, tmp_path):
         if r["ensemble_size"] == 1:  # the average of one member's softmax is its own
             assert r["ensemble_acc"] == r["member_acc"][0]
     assert_is_plot(tmp_path / "results.png")
+    mothernets, independent = results[2:]
+    *_, line = out.strip().splitlines()
+    assert line.startswith("done: 4 ensembles in "), line
+    assert line.endswith(f", K=2 ensemble accuracy mothernets {mothernets['ensemble_acc']:.2f}% "
+                         f"({mothernets['wall_ratio']:.2f}x less wall time), independent "
+                         f"{independent['ensemble_acc']:.2f}%, outputs in {tmp_path} (results.json, results.png)")
 
 
 def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar10_batches):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +19,14 @@ import torch
 
 from titan.builders import check_dump_folder_writable, check_layout, stand_in_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
-from titan.config import parse_args
+from titan.config import parse_command_line
 from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
 from titan.estimate.layout import dry_run_rank
 from titan.models import get_model_spec
-from titan.tools.cli import UserError, entry_point
+from titan.tools.cli import UserError, entry_point, report_done
 
 
 @dataclass
@@ -134,6 +135,7 @@ def help_text() -> str:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    start = time.perf_counter()
     # ParallelDims.submesh slices flattened dims, which torch warns about once per mesh; the training run logs
     # it too, and here it would interleave with the table.
     warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
@@ -141,13 +143,16 @@ def main(argv: list[str]) -> int:
         print(help_text())
         return 0
     rest, hw = split_args(argv)
-    job_config = parse_args(rest)
+    job_config = parse_command_line(rest)
     check_dump_folder_writable(job_config.dump_folder)
     report = estimate(job_config, hw)
     print(format_report(report))
     out = Path(job_config.dump_folder, "estimate.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
+    step, peak = report["step"], max(r["memory_gib"] for r in report["ranks"])
+    report_done(f"dry run of {report['model']} on {report['layout']['world_size']} ranks", time.perf_counter() - start,
+                f"estimated step {step['step_s']:.3g} s, {step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                f"peak {peak:.1f} GiB per rank", str(out))
     return 0
 

@@ -104,12 +104,10 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope_TH2, self.interleaved), apply_rotary(k, rope_TH2, self.interleaved)
-        repeats = self.n_heads // self.n_kv_heads
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if repeats > 1:
-            k = k.repeat_interleave(repeats, dim=1)
-            v = v.repeat_interleave(repeats, dim=1)
-        out_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Grouped-query attention inside the kernel: no copies of k and v repeated per query head.
+        out_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=self.n_heads != self.n_kv_heads)
         return self.wo(out_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, init_std: float) -> None:
