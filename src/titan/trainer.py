@@ -178,7 +178,9 @@ class Trainer:
         values, grad_norm = host[:len(names) + 1], host[-5]
         flags, state = host[len(names) + 1:-5], host[-4:]
         self.nonfinite.check(state, self.step, values[0], grad_norm)
-        return ({"loss": values[0], "grad_norm": grad_norm, "tokens": out["tokens"], **dict(zip(names, values[1:]))},
+        # What the step gave on the host already (tokens, metrics.comm_stats' bytes) passes through.
+        given = {k: v for k, v in out.items() if k not in ("names", "device_values")}
+        return ({"loss": values[0], "grad_norm": grad_norm, **given, **dict(zip(names, values[1:]))},
                 self.stop_signals.agreed(flags))
 
     def save_checkpoint(self, last: bool = False) -> None:
