@@ -74,7 +74,8 @@ SPEC = register_model_spec(ModelSpec(
 def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int, name: str,
                      solo: bool = False) -> Net:
     """Trains a copy of `net` with titan's Trainer (starting from its weights) and returns the trained copy;
-    `solo` trains it on this rank alone, as titan's Trainer(solo=True) does."""
+    `solo` trains it on this rank alone (titan's BuildInputs.solo)."""
+    from titan.builders import BuildInputs
     from titan.config import JobConfig
     from titan.distributed.runtime import world_size_from_env
     from titan.trainer import Trainer
@@ -93,8 +94,8 @@ def train_with_titan(net: Net, cfg: RunConfig, steps: int, lr: float, seed: int,
     job.lr_scheduler.decay_type, job.lr_scheduler.min_lr_factor = "cosine", 0.0
     job.metrics.log_freq, job.metrics.enable_tensorboard = max(steps // 4, 1), False
     job.debug.seed, job.debug.threads = seed, t.threads
-    trainer = Trainer(job, model_spec=SPEC, model_args=net.arch, initial_state_dict=net.state_dict(),
-                      solo=solo)
+    trainer = Trainer(job, BuildInputs(model_spec=SPEC, model_args=net.arch, initial_state_dict=net.state_dict(),
+                                       solo=solo))
     trainer.train()
     out = Net(net.arch)
     out.load_state_dict(trainer.full_state_dict())

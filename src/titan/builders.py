@@ -1,8 +1,8 @@
 """What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
 
-The model parts are built on the meta device, split into pipeline stages, parallelized in the fixed order of
-docs/architecture.md (float8 -> TP -> AC -> compile -> FSDP; CP wraps each step), then materialized with
-`to_empty` and initialized.
+The model parts are built on the meta device, split into pipeline stages, parallelized in the one fixed order
+that titan.distributed.parallelize states (float8 -> TP -> AC -> compile -> FSDP; CP wraps each step), then
+materialized with `to_empty` and initialized. The run's rules are all checked in `check_run`, before any of this.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -23,9 +24,17 @@ from titan.components.checkpoint.initial_load import initial_checkpoint, initial
 from titan.components.metrics.throughput import cpu_has_bf16_units
 from titan.config import JobConfig
 from titan.distributed import ParallelDims
-from titan.distributed.pipeline import split_model, stage_ids_for_rank, stage_layer_ranges, stages_per_rank
+from titan.distributed.pipeline import (
+    check_schedule_supported,
+    microbatch_count,
+    split_model,
+    stage_ids_for_rank,
+    stage_ranges,
+    stages_per_rank,
+)
 from titan.distributed.runtime import device_type
 from titan.estimate.fit import check_memory, checkpoint_bytes
+from titan.hf import read_hf_config
 from titan.protocols.model import PipelineModel
 from titan.protocols.model_spec import ModelSpec
 from titan.tools.cli import UserError, check_writable
@@ -68,28 +77,93 @@ def check_outputs_are_ours(cfg: JobConfig) -> None:
                     "replace that run's metrics")
 
 
-def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> ParallelDims:
-    """Everything that would stop the run, checked before any process group exists, so that a bad config fails
-    fast and alike on every rank; returns the layout."""
+@dataclass(frozen=True)
+class BuildInputs:
+    """What a caller other than `python -m titan.train` hands the Trainer beside its config (e.g. morphens, which
+    trains nets it built itself, one per rank)."""
+
+    model_spec: ModelSpec | None = None
+    """The model family, else the one model.name (and model.spec) registers."""
+    model_args: Any = None
+    """The architecture, else the flavor's with the config's --model.<field> keys."""
+    initial_state_dict: dict[str, torch.Tensor] | None = None
+    """Starting weights (full, unsharded), else checkpoint.initial_load_path's or the model's own init."""
+    solo: bool = False
+    """Train on this process alone (world size 1, no collectives) inside a multi-rank job that has already joined
+    its process group, e.g. one ensemble member per rank."""
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """What the run rules settle: the meshes' degrees and the batch."""
+
+    parallel_dims: ParallelDims
+    global_batch_size: int
+    grad_accum_steps: int
+
+
+def check_run(cfg: JobConfig, world_size: int, inputs: BuildInputs, spec: ModelSpec) -> RunLayout:
+    """Every rule that would stop the run, checked here, in this one phase, before any process group exists or
+    anything is built, so that a bad config fails fast and alike on every rank (a key's own type and range are
+    checked by its config section when the config is read):
+
+    1. the fault-injection spec parses (titan.tools.fault);
+    2. job.dump_folder is writable;
+    3. the parallel degrees multiply to the world size (ParallelDims);
+    4. the layout (check_layout): sequence, batch and pipeline splits, the model's args and its family's rules;
+    5. features this machine or layout cannot run (check_supported);
+    6. a solo trainer does not checkpoint;
+    7. the estimated peak memory fits this machine (registered models).
+    """
     check_faults()
     check_dump_folder_writable(cfg.dump_folder)
     pd = ParallelDims.from_config(cfg.parallelism, world_size)
+    global_batch, accum = check_layout(cfg, pd, spec, stand_in_model_args(spec, cfg, inputs.model_args))
     check_supported(pd, cfg)
-    if solo and cfg.checkpoint.enable:
-        raise UserError("checkpoint.enable with solo=True: checkpoints synchronize all ranks; disable one")
-    if own_model:
+    if inputs.solo and cfg.checkpoint.enable:
+        raise UserError("checkpoint.enable with a solo trainer: checkpoints synchronize all ranks; disable one")
+    if inputs.model_spec is None and inputs.model_args is None:  # the estimator knows only registered models
         check_memory(cfg, world_size)
     if cfg.debug.detect_anomaly:
         logger.info("debug.detect_anomaly: autograd checks every backward op's output for NaN and keeps "
                     "forward tracebacks; every step runs slower")
-    return pd
+    return RunLayout(pd, global_batch, accum)
+
+
+def stand_in_model_args(spec: ModelSpec, cfg: JobConfig, model_args: Any = None) -> Any:
+    """The run's model args before its tokenizer exists: the vocabulary of the Hugging Face folder the run loads,
+    else of the flavor, stands in for the tokenizer's, which no layout rule depends on."""
+    vocab = getattr(model_args or spec.flavors.get(cfg.model.flavor), "vocab_size", 0)
+    if cfg.checkpoint.initial_load_in_hf and cfg.checkpoint.initial_load_path:
+        vocab = read_hf_config(Path(cfg.checkpoint.initial_load_path)).get("vocab_size", vocab)
+    return resolve_model_args(spec, cfg, model_args, SimpleNamespace(vocab_size=vocab))
+
+
+def check_layout(cfg: JobConfig, pd: ParallelDims, spec: ModelSpec, args: Any) -> tuple[int, int]:
+    """The rules a layout must meet, for a run and for the estimator alike; returns (global batch size, gradient
+    accumulation steps)."""
+    t, pcfg = cfg.training, cfg.parallelism
+    if pd.cp_enabled and t.seq_len % (2 * pd.cp):
+        raise UserError(f"training.seq_len {t.seq_len} must be divisible by 2 x context_parallel_degree "
+                         f"({2 * pd.cp}) for load-balanced ring attention")
+    if pd.tp_enabled and t.seq_len % (pd.cp * pd.tp):
+        raise UserError(f"training.seq_len {t.seq_len} must be divisible by context_parallel_degree x "
+                         f"tensor_parallel_degree = {pd.cp * pd.tp} (sequence sharding)")
+    layout = batch_layout(t, pd.dp_degree)
+    if pd.pp_enabled:
+        microbatch_count(cfg)
+        if not hasattr(args, "n_layers"):
+            raise UserError(f"model {spec.name} cannot be pipelined; set parallelism.pipeline_parallel_degree 1")
+        stage_ranges(args.n_layers, pd, pcfg)
+    if spec.check_layout is not None:
+        spec.check_layout(args, pd, cfg)
+    return layout
 
 
 def check_supported(pd: ParallelDims, cfg: JobConfig) -> None:
-    """Combinations of features this run cannot have, refused before any process group exists."""
-    if pd.cp_enabled and cfg.training.seq_len % (2 * pd.cp):
-        raise UserError(f"training.seq_len {cfg.training.seq_len} must be divisible by 2 x "
-                         f"context_parallel_degree ({2 * pd.cp}) for load-balanced ring attention")
+    """Features this machine, this torch or this kind of run cannot have."""
+    if pd.pp_enabled:
+        check_schedule_supported(cfg.parallelism.pipeline_parallel_schedule, torch.device(device_type()))
     if cfg.comm.mode == "fake":
         raise UserError("comm.mode = 'fake' is a dry run, not training: use python -m titan.estimate")
     if cfg.metrics.comm_stats and cfg.compile.enable:
@@ -172,9 +246,7 @@ def split_for_pipeline(model: nn.Module, spec_name: str, pd: ParallelDims,
     schedule = pcfg.pipeline_parallel_schedule
     placement = PipelinePlacement(pd.pp * stages_per_rank(schedule),
                                   stage_ids_for_rank(pd.world_mesh["pp"].get_local_rank(), pd.pp, schedule))
-    split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
-    ranges = stage_layer_ranges(len(model.layers), placement.num_stages, pcfg.pipeline_parallel_layers_per_stage,
-                                split_points)
+    ranges = stage_ranges(len(model.layers), pd, pcfg)
     logger.info(f"pipeline stages' layers: {[list(r) for r in ranges]}")
     return split_model(model, placement.stage_ids, ranges), placement
 

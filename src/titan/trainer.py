@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from titan.builders import (
-    batch_layout,
+    BuildInputs,
     build_checkpointer,
     build_initialized_parts,
     check_run,
@@ -19,6 +19,7 @@ from titan.builders import (
     seed_everything,
 )
 from titan.components.checkpoint import full_model_state_dict
+from titan.components.forward import ForwardPath
 from titan.components.metrics.logger import MetricsLogger
 from titan.components.metrics.records import ThroughputWindow
 from titan.components.metrics.throughput import device_peak_tflops
@@ -29,18 +30,9 @@ from titan.config import JobConfig, to_toml
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed import compile_loss
 from titan.distributed.comm_stats import counted_step
-from titan.distributed.pipeline import build_schedule, microbatch_count
 from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
-from titan.distributed.utils import (
-    autocast_context,
-    clip_grad_norm_,
-    cp_context,
-    loss_parallel_context,
-    mean_over_loss_holders,
-    replicated_value,
-)
+from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
-from titan.protocols.model_spec import ModelSpec
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
@@ -58,18 +50,21 @@ def agree_on_step(values: torch.Tensor, stop_signals: StopSignals, parallel_dims
 class Trainer:
     """Builds on meta -> parallelize -> to_empty + init -> AdamW -> train loop with accumulation and clipping."""
 
-    def __init__(self, job_config: JobConfig, model_spec: ModelSpec | None = None, model_args: Any = None,
-                 initial_state_dict: dict[str, torch.Tensor] | None = None, solo: bool = False):
-        """`solo`: train on this process alone (world size 1, no collectives) inside a multi-rank job that has
-        already joined its process group, e.g. one ensemble member per rank."""
+    def __init__(self, job_config: JobConfig, inputs: BuildInputs | None = None):
+        """`inputs`: what a caller other than `python -m titan.train` hands over beside the config (see
+        BuildInputs); a plain run of a registered model needs none."""
         init_logger()
+        inputs = inputs or BuildInputs()
         self.config = job_config
         self.dump_folder = job_config.dump_folder
-        world_size = 1 if solo else world_size_from_env()
-        self.parallel_dims = check_run(job_config, world_size, solo, model_spec is None and model_args is None)
+        world_size = 1 if inputs.solo else world_size_from_env()
+        self.spec = inputs.model_spec or get_model_spec(job_config.model.name, job_config.model.spec)
+        layout = check_run(job_config, world_size, inputs, self.spec)
+        self.parallel_dims = layout.parallel_dims
+        self.global_batch_size, self.grad_accum_steps = layout.global_batch_size, layout.grad_accum_steps
         self.device = init_distributed(job_config.comm.init_timeout_seconds, job_config.comm.trace_buf_size,
                                        job_config.debug.distributed_debug, self.dump_folder)
-        self.rank = dist.get_rank() if dist.is_initialized() and not solo else 0
+        self.rank = dist.get_rank() if dist.is_initialized() and not inputs.solo else 0
         self.threads = set_default_threads(job_config.debug.threads)
         self.parallel_dims.build_mesh(self.device.type)
         if self.parallel_dims.world_size > 1:
@@ -77,13 +72,10 @@ class Trainer:
             set_pg_timeouts(job_config.comm.init_timeout_seconds, self.parallel_dims.world_mesh)
         seed_everything(job_config.debug)
 
-        self.spec = model_spec or get_model_spec(job_config.model.name, job_config.model.spec)
-        self.loss_fn = compile_loss(self.spec.loss_fn, job_config.compile)
         self.tokenizer = self.spec.build_tokenizer(job_config) if self.spec.build_tokenizer else None
-        self.model_args = resolve_model_args(self.spec, job_config, model_args, self.tokenizer)
+        self.model_args = resolve_model_args(self.spec, job_config, inputs.model_args, self.tokenizer)
         dp = self.parallel_dims.dp_degree
-        self.global_batch_size, self.grad_accum_steps = batch_layout(job_config.training, dp)
-        self._build_model_parts(initial_state_dict, world_size)
+        self._build_model_parts(inputs.initial_state_dict, world_size)
         self.optimizers = [build_optimizer(part, job_config.optimizer) for part in self.model_parts]
         self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, job_config.training.steps)
                               for opt in self.optimizers]
@@ -99,7 +91,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.checkpointer = build_checkpointer(job_config, self.spec.name, self.model_args, self.num_params)
         if not job_config.checkpoint.create_seed_checkpoint:
-            self._resume()
+            # The latest complete checkpoint (or checkpoint.load_step), if the folder holds one.
+            self.checkpointer.load_latest(self.model_parts, self.optimizers, self.lr_schedulers, self)
         self.peak_tflops = device_peak_tflops(self.device, TORCH_DTYPES[job_config.training.mixed_precision_param],
                                               job_config.metrics.cpu_peak_tflops)
         self.metrics = MetricsLogger.from_config(job_config, self.rank)
@@ -110,22 +103,20 @@ class Trainer:
         cfg = self.config
         built = build_initialized_parts(self.spec, self.model_args, cfg, self.parallel_dims, self.device, self.rank,
                                         world_size, initial_state_dict)
-        self.model_parts, self.pp_placement = built.parts, built.placement
+        self.model_parts = built.parts
         self.num_params, self.flops_per_token = built.num_params, built.flops_per_token
-        self.sharded = self.parallel_dims.fsdp_enabled or self.parallel_dims.dp_replicate_enabled
-        self.autocast_dtype = TORCH_DTYPES[cfg.training.mixed_precision_param]
-        self.pp_schedule = None
-        if built.placement is not None:
-            self.pp_loss_scale = microbatch_count(cfg) * self.grad_accum_steps
-            self.pp_schedule = build_schedule(built.parts, built.placement.stage_ids, built.placement.num_stages,
-                                              self.parallel_dims, cfg, self.device, self._pipeline_loss)
+        self.forward = ForwardPath(built.parts, built.placement, self.parallel_dims, cfg, self.device,
+                                   compile_loss(self.spec.loss_fn, cfg.compile), self.spec.metrics_fn,
+                                   self.grad_accum_steps, TORCH_DTYPES[cfg.training.mixed_precision_param])
 
-    def _resume(self) -> None:
-        """Loads the latest complete checkpoint (or checkpoint.load_step), if the folder holds one."""
-        state = self.checkpointer.load_latest(self.model_parts, self.optimizers, self.lr_schedulers,
-                                              self._train_state())
-        if state is None:
-            return
+    def state_dict(self) -> dict[str, int]:
+        """The train state a checkpoint carries: step, elapsed time and data position, plain integers that are the
+        same on every layout."""
+        state = {"step": self.step, "elapsed_ms": round(self.elapsed_s * 1000), **self.dataloader.state_dict()}
+        return {k: v for k, v in state.items() if isinstance(v, int)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restores what `state_dict` saved (the data position unless checkpoint.exclude_from_loading names it)."""
         self.step = state.get("step", 0)
         self.elapsed_s = state.get("elapsed_ms", 0) / 1000
         loader_keys = set(self.dataloader.state_dict())
@@ -136,32 +127,6 @@ class Trainer:
     def model(self) -> torch.nn.Module:
         """The model (the first of this rank's pipeline stages under pipeline parallel)."""
         return self.model_parts[0]
-
-    def _pipeline_loss(self, pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # Gradients sum over microbatches and accumulation steps: scale each loss to get their mean.
-        return self.loss_fn(pred, labels) / self.pp_loss_scale
-
-    def _forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Loss of one micro-batch (zero on pipeline ranks without the last stage) and the model output."""
-        pd = self.parallel_dims
-        autocast = autocast_context(self.device, self.sharded, self.autocast_dtype)
-        with cp_context(pd, self.model_parts, inputs, labels), \
-                loss_parallel_context(pd, self.config.parallelism.enable_loss_parallel):
-            if self.pp_schedule is not None:
-                losses: list[torch.Tensor] = []
-                with autocast:
-                    self.pp_schedule.step(*((inputs,) if self.pp_placement.has_first else ()),
-                                          target=labels if self.pp_placement.has_last else None, losses=losses)
-                if not self.pp_placement.has_last:
-                    return torch.zeros((), device=self.device), None
-                return torch.stack([replicated_value(x.detach()) for x in losses]).mean() * self.pp_loss_scale, None
-            with autocast:
-                pred = self.model(inputs)
-                loss = self.loss_fn(pred, labels)
-                if fault_point("nan", self.step + 1):
-                    loss = loss * float("nan")
-            (loss / self.grad_accum_steps).backward()
-        return replicated_value(loss.detach()), pred.detach()
 
     def train_step(self, data_iter) -> dict[str, Any]:
         """One optimizer step over `grad_accum_steps` micro-batches, queued without waiting for the device.
@@ -182,7 +147,7 @@ class Trainer:
                 if isinstance(part, FSDPModule):
                     part.set_requires_gradient_sync(micro == self.grad_accum_steps - 1)
             with torch.autograd.set_detect_anomaly(self.config.debug.detect_anomaly):
-                loss, pred = self._forward_backward(inputs, labels)
+                loss, pred = self.forward.forward_backward(inputs, labels, fault_point("nan", self.step + 1))
             loss_sum += loss
             if self.spec.metrics_fn is not None and pred is not None:
                 with torch.no_grad():
@@ -206,27 +171,24 @@ class Trainer:
         device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
         return {"tokens": tokens, "names": names, "device_values": device_values}
 
-    def read_step(self, out: dict[str, Any]) -> dict[str, Any]:
-        """The step's values on the host (its one device sync), the non-finite policy applied: loss, grad_norm,
-        extra metrics, tokens and the stop signal every rank agrees on."""
+    def read_step(self, out: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The step's values on the host (its one device sync), the non-finite policy applied: (loss, grad_norm,
+        extra metrics and tokens; the stop signal every rank agrees on, 0 for none)."""
         names, host = out["names"], out["device_values"].tolist()
         values, grad_norm = host[:len(names) + 1], host[-5]
         flags, state = host[len(names) + 1:-5], host[-4:]
         self.nonfinite.check(state, self.step, values[0], grad_norm)
-        return {"loss": values[0], "grad_norm": grad_norm, "tokens": out["tokens"],
-                "stop_signal": self.stop_signals.agreed(flags), **dict(zip(names, values[1:]))}
+        # What the step gave on the host already (tokens, metrics.comm_stats' bytes) passes through.
+        given = {k: v for k, v in out.items() if k not in ("names", "device_values")}
+        return ({"loss": values[0], "grad_norm": grad_norm, **given, **dict(zip(names, values[1:]))},
+                self.stop_signals.agreed(flags))
 
     def save_checkpoint(self, last: bool = False) -> None:
         ckpt = self.config.checkpoint
         if last and ckpt.last_save_model_only:
             self.checkpointer.save_model_only(self.step, self.model_parts, TORCH_DTYPES[ckpt.export_dtype])
             return
-        self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, self._train_state())
-
-    def _train_state(self) -> dict[str, int]:
-        """Step, elapsed time and data position: plain integers, the same on every layout."""
-        state = {"step": self.step, "elapsed_ms": round(self.elapsed_s * 1000), **self.dataloader.state_dict()}
-        return {k: v for k, v in state.items() if isinstance(v, int)}
+        self.checkpointer.save(self.step, self.model_parts, self.optimizers, self.lr_schedulers, self)
 
     def save_seed_checkpoint(self) -> None:
         """Step-0 weights only, so runs on any layout can start from identical weights."""
@@ -283,14 +245,13 @@ class Trainer:
             # process already knows of its own signal.
             signum = 0
             if log or saved or (self.stop_signals.signum and self.parallel_dims.world_size == 1):
-                out = self.read_step(out)
-                signum = out.pop("stop_signal")
+                out, signum = self.read_step(out)
             self.elapsed_s = time.perf_counter() - start
             if log:
                 record, eta = window.record(self.step, out, self.lr_schedulers[0].get_last_lr()[0], self.elapsed_s,
                                             total - self.step)
                 if validate:
-                    record.update({f"val_{k}": v for k, v in evaluate(self).items()})
+                    record.update({f"val_{k}": v for k, v in self.validate().items()})
                     window.restart()
                 self.metrics.log(record, eta)
                 self.history.append(record)
@@ -301,6 +262,13 @@ class Trainer:
                 self._stop_on_signal(signum, saved)
             profiler.step(self.step)
         return self.history
+
+    def validate(self) -> dict[str, float]:
+        """Loss (and the spec's metrics) over validation.steps batches of the validation split."""
+        cfg = self.config
+        loader = self.spec.build_dataloader(cfg, self.dp_rank, self.parallel_dims.dp_degree, self.tokenizer,
+                                            "validation")
+        return evaluate(self.forward, loader, cfg.validation.steps)
 
     def _stop_on_signal(self, signum: int, saved: bool) -> None:
         """Ends the run after this step on every rank, with a checkpoint of it when checkpointing is on."""

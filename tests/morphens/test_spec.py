@@ -30,6 +30,7 @@ def test_titan_starts_a_hatched_member_from_its_weights_and_trains_it(cfg):
 
 
 def test_titan_resumes_a_member_from_its_checkpoint(cfg, tmp_path):
+    from titan.builders import BuildInputs
     from titan.config import JobConfig
     from titan.trainer import Trainer
 
@@ -40,9 +41,9 @@ def test_titan_resumes_a_member_from_its_checkpoint(cfg, tmp_path):
     job.training.mixed_precision_param = "float32"
     job.checkpoint.enable, job.checkpoint.interval = True, 3
     job.metrics.enable_tensorboard, job.metrics.log_freq = False, 1
-    Trainer(job, model_spec=SPEC).train()
+    Trainer(job, BuildInputs(model_spec=SPEC)).train()
     job.training.steps = 9
-    history = Trainer(job, model_spec=SPEC).train()
+    history = Trainer(job, BuildInputs(model_spec=SPEC)).train()
     assert history[0]["step"] == 7 and history[-1]["step"] == 9
 
 

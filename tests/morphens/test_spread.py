@@ -56,11 +56,12 @@ def test_spread_mothers_and_members_train_alone_on_their_ranks_as_in_one_process
 
 def test_a_solo_trainer_refuses_checkpoints(tmp_path):
     """Checkpoints synchronize every rank of the job, which a net trained on one rank alone must not do."""
+    from titan.builders import BuildInputs
     from titan.config import JobConfig
     from titan.trainer import Trainer
 
     job = JobConfig()
     job.job.dump_folder, job.model.name, job.model.flavor = str(tmp_path), "morphnet", "digits_mlp"
     job.checkpoint.enable = True
-    with pytest.raises(ValueError, match="checkpoint.enable with solo=True"):
-        Trainer(job, model_spec=SPEC, solo=True)
+    with pytest.raises(ValueError, match="checkpoint.enable with a solo trainer"):
+        Trainer(job, BuildInputs(model_spec=SPEC, solo=True))

@@ -13,11 +13,12 @@ from tests.titan.conftest import TINY, run_train
 from titan.builders import (
     batch_layout,
     build_model_parts,
+    check_layout,
     check_outputs_are_ours,
-    check_supported,
     full_initial_state_dict,
     resolve_model_args,
     split_for_pipeline,
+    stand_in_model_args,
     warn_if_bf16_is_slow,
 )
 from titan.config import parse_args
@@ -52,11 +53,26 @@ def test_a_global_batch_that_the_ranks_cannot_split_is_refused():
         batch_layout(Training(local_batch_size=2, global_batch_size=10), 4)
 
 
-def test_context_parallel_needs_a_sequence_divisible_by_twice_its_degree():
-    cfg = parse_args(["--parallelism.context_parallel_degree", "2", "--training.seq_len", "30"])
-    dims = ParallelDims.from_config(cfg.parallelism, 2)
-    with pytest.raises(ValueError, match=r"seq_len 30 must be divisible by 2 x context_parallel_degree \(4\)"):
-        check_supported(dims, cfg)
+@pytest.mark.parametrize("argv, world, message", [
+    (["--parallelism.context_parallel_degree", "2", "--training.seq_len", "30"], 2,
+     r"seq_len 30 must be divisible by 2 x context_parallel_degree \(4\)"),
+    (["--parallelism.tensor_parallel_degree", "4", "--training.seq_len", "30"], 4,
+     r"seq_len 30 must be divisible by context_parallel_degree x tensor_parallel_degree = 4"),
+    (["--parallelism.tensor_parallel_degree", "8"], 8, "tensor_parallel_degree 8 must divide n_heads 16 and "
+                                                       "n_kv_heads 4"),
+    (["--parallelism.tensor_parallel_degree", "2", "--model.tie_embeddings", "true"], 2, "tied embeddings"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--model.n_layers", "1"], 2, "stage"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"], 2,
+     "local_batch_size 8 is not a multiple of parallelism.pipeline_parallel_microbatch_size 3"),
+    (["--training.global_batch_size", "12"], 8, "global_batch_size 12 is not a multiple of local_batch_size 8"),
+], ids=["cp-seq", "tp-seq", "tp-heads", "tied-tp", "pp-layers", "pp-microbatch", "global-batch"])
+def test_the_layout_rules_refuse_in_one_line(argv, world, message):
+    cfg = parse_args(argv)
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    spec = get_model_spec("llama3")
+    with pytest.raises(ValueError, match=message) as e:
+        check_layout(cfg, dims, spec, stand_in_model_args(spec, cfg))
+    assert "\n" not in str(e.value)
 
 
 def test_a_model_without_pipeline_hooks_is_not_pipelined():

@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import (
 
 from lcsm.model.hyena import HyenaArgs, HyenaLM, flops_per_token
 from titan.components.data import build_text_dataloader, build_tokenizer
-from titan.distributed import apply_ac, apply_compile, apply_data_parallel
+from titan.distributed.parallelize import parallelize
 from titan.models import register_model_spec
 from titan.protocols.model_spec import ModelSpec
 from titan.tools.logging import logger
@@ -42,17 +42,15 @@ def _shard_channels(module: nn.Module, names: tuple[str, ...], tp_mesh: DeviceMe
         module.register_parameter(name, nn.Parameter(distribute_tensor(param, tp_mesh, [Shard(0)])))
 
 
-def apply_tp(model: HyenaLM, tp_mesh: DeviceMesh) -> None:
+def apply_tp(model: HyenaLM, tp_mesh: DeviceMesh, loss_parallel: bool = False) -> None:
     """Megatron-style TP with sequence-parallel norms; each rank owns whole channels of every mixer.
 
     in_proj is column-parallel over channels (each with its value and gates), the short and long convolutions are
     per channel so they run on the local shard without communication, and out_proj is row-parallel. The filter
     MLP is replicated (as DTensors, so that gradient clipping and FSDP see one kind of parameter); its last
-    projection is column-parallel over the same channels.
+    projection is column-parallel over the same channels. The logits are replicated (`loss_parallel` is not used).
     """
     tp = tp_mesh.size()
-    if model.args.dim % tp:
-        raise ValueError(f"tensor_parallel_degree {tp} must divide the model dim {model.args.dim}")
     parallelize_module(
         model,
         tp_mesh,
@@ -82,16 +80,17 @@ def apply_tp(model: HyenaLM, tp_mesh: DeviceMesh) -> None:
     logger.info(f"applied tensor + sequence parallel to hyena (degree {tp})")
 
 
-def parallelize_hyena(model: HyenaLM, parallel_dims, job_config) -> HyenaLM:
-    """TP -> activation checkpointing -> per-block compile -> FSDP, as for Llama."""
+def check_hyena_layout(args: HyenaArgs, parallel_dims, job_config) -> None:
+    """The layouts Hyena's parallelization can shard (a run rule, checked before anything is built)."""
     if parallel_dims.cp_enabled or parallel_dims.pp_enabled:
         raise ValueError("hyena supports data and tensor parallelism; set context and pipeline degrees to 1")
-    if parallel_dims.tp_enabled:
-        apply_tp(model, parallel_dims.world_mesh["tp"])
-    apply_ac(model, job_config.activation_checkpoint)
-    apply_compile(model, job_config.compile)
-    apply_data_parallel(model, parallel_dims, job_config)
-    return model
+    if args.dim % parallel_dims.tp:
+        raise ValueError(f"tensor_parallel_degree {parallel_dims.tp} must divide the model dim {args.dim}")
+
+
+def parallelize_hyena(model: HyenaLM, parallel_dims, job_config) -> HyenaLM:
+    """The engine's parallelization (titan.distributed.parallelize) with Hyena's TP plan."""
+    return parallelize(model, parallel_dims, job_config, apply_tp)
 
 
 hyena_spec = register_model_spec(
@@ -104,5 +103,6 @@ hyena_spec = register_model_spec(
         build_tokenizer=build_tokenizer,
         update_model_args=update_model_args,
         flops_per_token=flops_per_token,
+        check_layout=check_hyena_layout,
     )
 )

@@ -94,6 +94,19 @@ def split_model(model: nn.Module, stage_ids: list[int], ranges: list[range]) -> 
     return parts
 
 
+def stage_ranges(n_layers: int, parallel_dims, pcfg) -> list[range]:
+    """The trainer's stage split: pp x stages-per-rank stages, evenly or as layers_per_stage / split points say."""
+    if not parallel_dims.pp_enabled:
+        return [range(n_layers)]
+    split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
+    num_stages = parallel_dims.pp * stages_per_rank(schedule_of(parallel_dims, pcfg))
+    return stage_layer_ranges(n_layers, num_stages, pcfg.pipeline_parallel_layers_per_stage, split_points)
+
+
+def schedule_of(parallel_dims, pcfg) -> str:
+    return pcfg.pipeline_parallel_schedule if parallel_dims.pp_enabled else "1F1B"
+
+
 def microbatch_count(job_config) -> int:
     pcfg = job_config.parallelism
     local_batch = job_config.training.local_batch_size
@@ -119,7 +132,6 @@ def build_schedule(parts: list[nn.Module], stage_ids: list[int], num_stages: int
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
     pcfg = job_config.parallelism
-    check_schedule_supported(pcfg.pipeline_parallel_schedule, device)
     n_microbatches = microbatch_count(job_config)
     pp_group = parallel_dims.world_mesh["pp"].get_group()
     stages = [PipelineStage(part, stage, num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)]

@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from titan.config.dtypes import TORCH_DTYPES
-from titan.distributed.pipeline import stage_ids_for_rank, stages_per_rank
-from titan.estimate.layout import RankInfo, schedule_of
+from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stages_per_rank
+from titan.estimate.layout import RankInfo
 
 GIB = 2**30
 # Pipeline bubble relative to (p-1)/v microbatch times: zero-bubble schedules fill about two thirds of it by

@@ -14,19 +14,17 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-from titan.builders import check_dump_folder_writable
-from titan.builders import resolve_model_args as trainer_resolve_model_args
+from titan.builders import check_dump_folder_writable, check_layout, stand_in_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
 from titan.config import parse_command_line
 from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
-from titan.estimate.layout import dry_run_rank, stage_ranges
+from titan.estimate.layout import dry_run_rank
 from titan.models import get_model_spec
 from titan.tools.cli import UserError, entry_point, report_done
 
@@ -50,36 +48,6 @@ def split_args(argv: list[str]) -> tuple[list[str], Hardware]:
     return rest, ESTIMATE_OPTIONS.load("", ours).estimate
 
 
-def resolve_model_args(spec, job_config):
-    """The flavor with the config's overrides, as the Trainer resolves it; the flavor's vocabulary stands in for
-    the tokenizer (a dry run loads none)."""
-    flavor_args = spec.flavors.get(job_config.model.flavor)
-    tokenizer = SimpleNamespace(vocab_size=getattr(flavor_args, "vocab_size", 0))
-    return trainer_resolve_model_args(spec, job_config, None, tokenizer)
-
-
-def check_layout(job_config, dims: ParallelDims, args) -> int:
-    """Everything that would stop the run, checked before any process group exists; returns the global batch."""
-    t, pcfg = job_config.training, job_config.parallelism
-    if t.seq_len % (dims.cp * dims.tp):
-        raise UserError(f"training.seq_len {t.seq_len} must be divisible by context_parallel_degree x "
-                         f"tensor_parallel_degree = {dims.cp * dims.tp} (sequence sharding)")
-    kv = args.n_kv_heads or args.n_heads
-    if args.n_heads % dims.tp or kv % dims.tp:
-        raise UserError(f"tensor_parallel_degree {dims.tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
-    if dims.pp_enabled:
-        if t.local_batch_size % pcfg.pipeline_parallel_microbatch_size:
-            raise UserError(f"training.local_batch_size {t.local_batch_size} is not a multiple of "
-                             f"parallelism.pipeline_parallel_microbatch_size {pcfg.pipeline_parallel_microbatch_size}")
-        stage_ranges(args.n_layers, dims, pcfg)
-    per_step = t.local_batch_size * dims.dp_degree
-    global_batch = t.global_batch_size if t.global_batch_size > 0 else per_step
-    if global_batch % per_step:
-        raise UserError(f"training.global_batch_size {global_batch} is not a multiple of local_batch_size "
-                         f"{t.local_batch_size} x data-parallel degree {dims.dp_degree}; adjust one of them")
-    return global_batch
-
-
 @dataclass
 class Plan:
     """What the dry run read back of a run, independent of the hardware assumptions."""
@@ -100,8 +68,8 @@ def plan(job_config) -> Plan:
         raise UserError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
     dims = ParallelDims.from_config(job_config.parallelism, world)
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
-    args = resolve_model_args(spec, job_config)
-    global_batch = check_layout(job_config, dims, args)
+    args = stand_in_model_args(spec, job_config)
+    global_batch, _ = check_layout(job_config, dims, spec, args)
     lay = make_layout(args, dims, job_config, global_batch)
     with torch.device("meta"):
         model = spec.build_model(args)

@@ -32,13 +32,14 @@ def available_bytes() -> tuple[float, str]:
 
 def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None:
     """The estimator's memory of this run's most loaded rank, by kind; None for a model it cannot estimate."""
-    from titan.estimate.dry_run import estimate, resolve_model_args  # it imports the builders, which import this
+    from titan.builders import stand_in_model_args  # the builders import this module
+    from titan.estimate.dry_run import estimate
 
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
     if not all(hasattr(spec.flavors.get(job_config.model.flavor), k) for k in LLAMA_SHAPE):
         return None
     try:
-        args = resolve_model_args(spec, job_config)
+        args = stand_in_model_args(spec, job_config)
     except UserError:
         # The estimate stands in the flavor's vocabulary for the tokenizer; a model it cannot resolve so (e.g. one
         # whose architecture comes from an HF folder) is left to the run, which reports with the real tokenizer.

@@ -22,21 +22,8 @@ from torch.distributed.tensor._utils import _compute_local_shape_and_global_offs
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan.distributed import ParallelDims
-from titan.distributed.pipeline import stage_ids_for_rank, stage_layer_ranges, stages_per_rank
+from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stage_ranges
 from titan.quantization.float8 import Float8AllGatherWeight
-
-
-def stage_ranges(n_layers: int, parallel_dims: ParallelDims, pcfg) -> list[range]:
-    """The trainer's stage split: pp x stages-per-rank stages, evenly or as layers_per_stage / split points say."""
-    if not parallel_dims.pp_enabled:
-        return [range(n_layers)]
-    split_points = [int(name.split(".")[1]) for name in pcfg.pipeline_parallel_split_points]
-    num_stages = parallel_dims.pp * stages_per_rank(schedule_of(parallel_dims, pcfg))
-    return stage_layer_ranges(n_layers, num_stages, pcfg.pipeline_parallel_layers_per_stage, split_points)
-
-
-def schedule_of(parallel_dims: ParallelDims, pcfg) -> str:
-    return pcfg.pipeline_parallel_schedule if parallel_dims.pp_enabled else "1F1B"
 
 
 @dataclass

@@ -39,7 +39,8 @@ class ModelSpec:
     """Builds the plain single-device model from args; called under the meta device. The model must define
     `init_weights()` (called after `to_empty`) unless the Trainer is given an initial state dict."""
     parallelize: Callable[[nn.Module, ParallelDims, JobConfig], nn.Module]
-    """Applies TP -> CP -> AC -> compile -> FSDP to the model in place and returns it."""
+    """Parallelizes one model part in place and returns it, in the order titan.distributed.parallelize states
+    (most families call that function with their TP plan)."""
     build_dataloader: Callable[..., StatefulLoader]
     """`(job_config, dp_rank, dp_degree, tokenizer, split) -> StatefulLoader`; split is "train" or "validation"."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_loss
@@ -55,5 +56,8 @@ class ModelSpec:
     load_hf_weights: Callable[[Path, Any], dict[str, torch.Tensor]] | None = None
     """`(folder, args) -> state dict`: a Hugging Face folder's weights in this model's names, for
     `checkpoint.initial_load_path` with `checkpoint.initial_load_in_hf`."""
+    check_layout: Callable[[Any, ParallelDims, JobConfig], None] | None = None
+    """`(args, parallel_dims, job_config)`: the family's rules for a layout (e.g. TP must divide the heads), checked
+    with the run's other rules before anything is built (titan.builders.check_run) and by the estimator."""
     metrics_fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]] | None = None
     """Extra per-batch metrics beside the loss (e.g. accuracy), each a scalar tensor averaged over ranks."""

@@ -1,17 +1,17 @@
-"""Validation on one rank: the mean over `validation.steps` batches of the loss and the spec's metrics, computed in
-eval mode without gradients and leaving the model in train mode; an empty split is an error naming the fix."""
-
-from types import SimpleNamespace
+"""Validation on one rank through the forward path training uses: the mean over `validation.steps` batches of the
+loss and the spec's metrics, computed in eval mode without gradients and leaving the model in train mode; an empty
+split is an error naming the fix."""
 
 import pytest
 import torch
 from torch import nn
 
+from titan.components.forward import ForwardPath
 from titan.components.loss import cross_entropy_loss
 from titan.components.validate import evaluate
+from titan.config import parse_args
+from titan.distributed import ParallelDims
 from titan.tools.cli import UserError
-
-ONE_RANK = SimpleNamespace(cp_enabled=False, tp_enabled=False, world_size=1, pp=1, dp_degree=1)
 
 
 class Lookup(nn.Module):
@@ -27,14 +27,10 @@ class Lookup(nn.Module):
         return self.drop(self.table(tokens))
 
 
-def trainer(batches, steps, metrics_fn=None):
-    model = Lookup()
-    spec = SimpleNamespace(build_dataloader=lambda *args: iter(batches), metrics_fn=metrics_fn)
-    return SimpleNamespace(spec=spec, config=SimpleNamespace(validation=SimpleNamespace(steps=steps),
-                                                             parallelism=SimpleNamespace(enable_loss_parallel=False)),
-                           dp_rank=0, parallel_dims=ONE_RANK, tokenizer=None, model_parts=[model], model=model,
-                           loss_fn=cross_entropy_loss, device=torch.device("cpu"), sharded=False,
-                           autocast_dtype=torch.float32, pp_schedule=None)
+def one_rank(metrics_fn=None):
+    config = parse_args([])
+    return ForwardPath([Lookup()], None, ParallelDims.from_config(config.parallelism, 1), config,
+                       torch.device("cpu"), cross_entropy_loss, metrics_fn, 1, torch.float32)
 
 
 def batch(seed):
@@ -44,22 +40,23 @@ def batch(seed):
 
 def test_the_mean_over_the_first_steps_batches_in_eval_mode():
     batches = [batch(i) for i in range(3)]
-    run = trainer(batches, steps=2, metrics_fn=lambda pred, labels: {"acc": (pred.argmax(-1) == labels).float().mean()})
-    result = evaluate(run)
-    table = run.model.table
+    forward = one_rank(metrics_fn=lambda pred, labels: {"acc": (pred.argmax(-1) == labels).float().mean()})
+    result = evaluate(forward, iter(batches), steps=2)
+    model = forward.parts[0]
+    table = model.table
     expected = [cross_entropy_loss(table(x), y).item() for x, y in batches[:2]]
     accuracy = [(table(x).argmax(-1) == y).float().mean().item() for x, y in batches[:2]]
     assert result == pytest.approx({"loss": sum(expected) / 2, "acc": sum(accuracy) / 2}, rel=1e-6)
-    assert run.model.modes == [(False, False), (False, False)] and run.model.training
+    assert model.modes == [(False, False), (False, False)] and model.training
 
 
 def test_negative_steps_take_every_batch():
     batches = [batch(i) for i in range(3)]
-    run = trainer(batches, steps=-1)
-    expected = sum(cross_entropy_loss(run.model.table(x), y).item() for x, y in batches) / 3
-    assert evaluate(run) == pytest.approx({"loss": expected}, rel=1e-6)
+    forward = one_rank()
+    expected = sum(cross_entropy_loss(forward.parts[0].table(x), y).item() for x, y in batches) / 3
+    assert evaluate(forward, iter(batches), steps=-1) == pytest.approx({"loss": expected}, rel=1e-6)
 
 
 def test_an_empty_validation_split_names_the_fix():
     with pytest.raises(UserError, match="the validation split yielded no batch; lower training.local_batch_size"):
-        evaluate(trainer([], steps=2))
+        evaluate(one_rank(), iter([]), steps=2)

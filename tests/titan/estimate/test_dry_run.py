@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from tests.launch import run_module
+from titan.builders import stand_in_model_args
 from titan.config import parse_args
-from titan.estimate.dry_run import Hardware, estimate, main, resolve_model_args
+from titan.estimate.dry_run import Hardware, estimate, main
 from titan.models import get_model_spec
 from titan.models.common.decoder import flops_per_token
 
@@ -44,7 +45,7 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     cfg = _config(name, extra)
     report = estimate(cfg, Hardware())
     spec = get_model_spec("llama3")
-    args = resolve_model_args(spec, cfg)
+    args = stand_in_model_args(spec, cfg)
     with torch.device("meta"):
         model = spec.build_model(args)
     assert report["params_over_all_shards"] == sum(p.numel() for p in model.parameters())

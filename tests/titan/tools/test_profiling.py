@@ -9,6 +9,7 @@ import torch
 from torch.profiler import ProfilerAction
 
 from tests.titan.conftest import TINY
+from titan.builders import BuildInputs
 from titan.components.nonfinite import NonFiniteLossError
 from titan.config import parse_args
 from titan.config.job_config import Profiling
@@ -20,7 +21,7 @@ from titan.trainer import Trainer
 def train(folder, steps, *args, model_spec=None):
     cfg = parse_args([*TINY, "--training.steps", str(steps), "--metrics.enable_jsonl", "false",
                       "--job.dump_folder", str(folder), *args])
-    trainer = Trainer(cfg, model_spec=model_spec)
+    trainer = Trainer(cfg, BuildInputs(model_spec=model_spec))
     try:
         trainer.train()
     finally:

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from titan.components.checkpoint.integrity import describe, free_bytes, nonfinite_entry, record_files
@@ -59,6 +60,8 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_DIR = re.compile(r"^step-\d+\.(tmp|old)$")
 # DCP reports a rank's failed write as CheckpointException, which derives from BaseException.
 WRITE_ERRORS = (OSError, CheckpointException)
+# The run's counters (step, data position, ...) as plain integers, or an object that gives and takes them.
+TrainState = dict[str, int] | Stateful
 
 
 def _rank() -> int:
@@ -198,9 +201,11 @@ class CheckpointManager:
                                   "--checkpoint.folder or --job.dump_folder to a larger disk, or lower "
                                   "checkpoint.keep_latest_k")
 
-    def _state(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, Any]:
+    def _state(self, parts, optimizers, lr_schedulers, train_state: TrainState) -> dict[str, Any]:
         """One flat, layout-independent state: keys are the full model's parameter names, whatever part of the
         model (pipeline stages) this rank holds. Scalars travel as tensors so nothing of ours is pickled."""
+        if isinstance(train_state, Stateful):
+            train_state = train_state.state_dict()
         model, optim = {}, {}
         for part, opt in zip(parts, optimizers):
             model.update(get_model_state_dict(part))
@@ -212,7 +217,7 @@ class CheckpointManager:
             "train_state": {k: torch.tensor(v, dtype=torch.int64) for k, v in train_state.items()},
         }
 
-    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> None:
+    def save(self, step: int, parts, optimizers, lr_schedulers, train_state: TrainState) -> None:
         """Writes a full training checkpoint; in async mode returns once the state is staged."""
         self._write(step, self._state(parts, optimizers, lr_schedulers, train_state),
                     asynchronous=self.config.async_mode == "async")
@@ -298,10 +303,11 @@ class CheckpointManager:
             for step in complete_steps(self.folder)[:-k]:
                 shutil.rmtree(self.folder / f"step-{step}", ignore_errors=True)
 
-    def load_latest(self, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int] | None:
+    def load_latest(self, parts, optimizers, lr_schedulers, train_state: TrainState) -> dict[str, int] | None:
         """Restores the newest usable checkpoint (or `load_step`); damaged ones are reported and skipped.
 
-        Returns its train state (step, data position, ...), or None when there is none to resume from.
+        Returns its train state (step, data position, ...), or None when there is none to resume from; a Stateful
+        `train_state` (the Trainer) is handed it too.
         """
         if not self.enabled:
             return None
@@ -323,7 +329,7 @@ class CheckpointManager:
                                   "move them away to start from scratch")
         return None
 
-    def load(self, step: int, parts, optimizers, lr_schedulers, train_state: dict[str, int]) -> dict[str, int]:
+    def load(self, step: int, parts, optimizers, lr_schedulers, train_state: TrainState) -> dict[str, int]:
         """Restores the states in place and returns the train state: the keys of `train_state` that the
         checkpoint holds."""
         path = self.folder / f"step-{step}"
@@ -346,9 +352,11 @@ class CheckpointManager:
             if "lr_scheduler" in state:
                 sched.last_epoch = int(state["lr_scheduler"]["last_epoch"])
                 sched._last_lr = [g["lr"] for g in opt.param_groups]
-        train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
+        counters = {k: int(v) for k, v in state.get("train_state", {}).items()}
+        if isinstance(train_state, Stateful):
+            train_state.load_state_dict(counters)
         logger.info(f"resumed from checkpoint {path} ({', '.join(sorted(state))})")
-        return train_state
+        return counters
 
 def _metadata(path: Path):
     try:

@@ -1,9 +1,7 @@
-"""Parallelizing a `Decoder` (every family built on the toolkit): TP/SP plans, async TP, float8, and the one
-function each family's ModelSpec uses, which applies them in the engine's order (see titan.distributed)."""
+"""Parallelizing a `Decoder` (every family built on the toolkit): its TP/SP plan, what that plan cannot shard, and
+the parallelize function of each family's ModelSpec."""
 
 from __future__ import annotations
-
-import warnings
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -16,8 +14,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titan.distributed import apply_ac, apply_compile, apply_data_parallel
-from titan.quantization.float8 import apply_float8, enable_float8_all_gather
+from titan.distributed.parallelize import parallelize
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
@@ -57,48 +54,18 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     logger.info(f"applied tensor + sequence parallel (degree {tp_mesh.size()}, loss parallel {loss_parallel})")
 
 
-def apply_async_tp(tp_mesh: DeviceMesh) -> None:
-    """Lets inductor's micro-pipeline pass split TP all-gather/reduce-scatter + matmul pairs into overlapped chunks."""
-    import torch._inductor.config
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
-    torch._inductor.config._micro_pipeline_tp = True
-    # Deprecated as "no longer needed" in torch 2.14, yet the pass still skips groups that
-    # is_symm_mem_enabled_for_group() does not know, and only this call registers one.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-    logger.info("async tensor parallel: symmetric memory on the TP group, inductor micro-pipelining on")
-
-
-def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
-    if not (parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled):
-        logger.info("float8 all-gather: no FSDP on this layout, nothing to gather")
-        return
-    logger.info(f"float8 all-gather: {enable_float8_all_gather(model)} weights will be all-gathered in float8")
-
-
-def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Module:
-    """Float8 -> TP/SP -> activation checkpointing -> compile -> FSDP/HSDP, in place; context parallel is applied
-    around each step by the forward path, on the `context_parallel_buffers`."""
-    if model.args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
+def check_decoder_layout(args, parallel_dims, job_config) -> None:
+    """What a decoder's parallelization cannot shard: one line naming the fix (a run rule, see titan.builders)."""
+    if args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
         # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
         raise UserError("tied embeddings (model.tie_embeddings) train with FSDP/HSDP and context parallel; drop "
                          "tensor/pipeline parallel or pass --model.tie_embeddings false")
-    apply_float8(model, job_config.float8)
-    if parallel_dims.tp_enabled:
-        args = model.args
-        tp = parallel_dims.tp
-        kv = args.n_kv_heads or args.n_heads
-        if args.n_heads % tp or kv % tp:
-            raise UserError(f"tensor_parallel_degree {tp} must divide n_heads {args.n_heads} and n_kv_heads {kv}")
-        tp_mesh = parallel_dims.world_mesh["tp"]
-        apply_tp(model, tp_mesh, job_config.parallelism.enable_loss_parallel)
-        if job_config.parallelism.enable_async_tensor_parallel:
-            apply_async_tp(tp_mesh)
-    apply_ac(model, job_config.activation_checkpoint)
-    apply_compile(model, job_config.compile)
-    if job_config.float8.enable_fsdp_float8_all_gather:
-        apply_float8_all_gather(model, parallel_dims)
-    apply_data_parallel(model, parallel_dims, job_config)
-    return model
+    kv = args.n_kv_heads or args.n_heads
+    if parallel_dims.tp_enabled and (args.n_heads % parallel_dims.tp or kv % parallel_dims.tp):
+        raise UserError(f"tensor_parallel_degree {parallel_dims.tp} must divide n_heads {args.n_heads} and "
+                         f"n_kv_heads {kv}")
+
+
+def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    """The engine's parallelization (titan.distributed.parallelize) with the decoder's TP plan."""
+    return parallelize(model, parallel_dims, job_config, apply_tp)

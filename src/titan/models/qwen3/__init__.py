@@ -9,7 +9,7 @@ from titan.hf import HFFamily, load_hf_weights, register_hf_family
 from titan.models import register_model_spec
 from titan.models.common.decoder import Decoder, flops_per_token
 from titan.models.common.hf_adapter import from_hf, to_hf
-from titan.models.common.parallelize import parallelize_decoder
+from titan.models.common.parallelize import check_decoder_layout, parallelize_decoder
 from titan.models.common.resolve import args_from_folder, update_model_args
 from titan.models.qwen3.flavors import qwen3_flavors
 from titan.models.qwen3.hf_config import FIELDS, args_from_hf, hf_config
@@ -28,6 +28,7 @@ qwen3_spec = register_model_spec(
         flops_per_token=flops_per_token,
         args_from_folder=partial(args_from_folder, "qwen3"),
         load_hf_weights=load_hf_weights,
+        check_layout=check_decoder_layout,
     )
 )
 register_hf_family(HFFamily("qwen3", "qwen3", Qwen3ModelArgs, FIELDS, args_from_hf, hf_config, to_hf, from_hf,

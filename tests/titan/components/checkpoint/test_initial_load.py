@@ -159,7 +159,7 @@ def test_a_run_starts_from_a_dcp_step_folders_weights_at_step_1(trained, tmp_pat
     assert second.step == 0 and second.optimizers[0].state == {}  # weights only: no optimizer state, no step
     inputs, labels = next(iter(second.spec.build_dataloader(second.config, 0, 1, second.tokenizer, "train")))
     with torch.no_grad():
-        want = first.loss_fn(first.model(inputs), labels).item()
+        want = first.forward.loss_fn(first.model(inputs), labels).item()
     record = second.train()[0]
     second.close()
     assert record["step"] == 1 and record["loss"] == pytest.approx(want, rel=1e-6)

@@ -7,10 +7,12 @@ import shutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
 
 from tests.titan.components.checkpoint.test_safe_reader import malicious_metadata
 from tests.titan.components.data.test_text import CharTokenizer, local_stream
 from tests.titan.conftest import TINY, losses, read_metrics, run_train
+from titan.builders import BuildInputs
 from titan.components.checkpoint import CheckpointManager
 from titan.components.checkpoint.safe_reader import SafeFileSystemReader, load_metadata
 from titan.components.data import StreamingTextLoader
@@ -203,14 +205,16 @@ def test_resumed_run_continues_its_stream_and_its_clock(tmp_path):
                                build_dataloader=streaming_loader)
     args = [*TINY, "--training.steps", "4", "--checkpoint.enable", "--checkpoint.interval", "2",
             "--validation.enable", "false"]
-    first = Trainer(parse_args([*args, "--job.dump_folder", str(tmp_path / "first")]), model_spec=spec)
+    first = Trainer(parse_args([*args, "--job.dump_folder", str(tmp_path / "first")]), BuildInputs(model_spec=spec))
     first.train()
     first.close()
     shutil.copytree(tmp_path / "first" / "checkpoint" / "step-2", tmp_path / "resumed" / "checkpoint" / "step-2")
-    resumed = Trainer(parse_args([*args, "--job.dump_folder", str(tmp_path / "resumed")]), model_spec=spec)
+    resumed = Trainer(parse_args([*args, "--job.dump_folder", str(tmp_path / "resumed")]), BuildInputs(model_spec=spec))
     resumed.train()
     resumed.close()
     assert [r["loss"] for r in resumed.history] == [r["loss"] for r in first.history[2:]]
+    # The Trainer is the Stateful the checkpointer saved and restored: its counters are the run's.
+    assert isinstance(resumed, Stateful) and resumed.state_dict()["step"] == 4
     assert resumed.history[0]["elapsed_s"] >= first.history[1]["elapsed_s"] - 1e-3
 
 

@@ -1,5 +1,5 @@
-"""Decoder parallelization refuses what it cannot shard (tied embeddings under TP/PP, heads TP does not divide)
-naming the fix, and on one rank applies only what the config asks (here: checkpointing)."""
+"""The decoder's layout rules refuse what its parallelization cannot shard (tied embeddings under TP/PP, heads TP
+does not divide) naming the fix; on one rank it applies only what the config asks (here: checkpointing)."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from titan.config import parse_args
-from titan.models.common.parallelize import parallelize_decoder
+from titan.models.common.parallelize import check_decoder_layout, parallelize_decoder
 from titan.models.llama3 import Transformer, llama3_flavors
 from titan.tools.cli import UserError
 
@@ -28,12 +28,12 @@ def meta_model(**changes):
 def test_tied_embeddings_under_tensor_or_pipeline_parallel_are_refused(layout):
     with pytest.raises(UserError, match="tied embeddings .* drop tensor/pipeline parallel or pass --model."
                                         "tie_embeddings false"):
-        parallelize_decoder(meta_model(tie_embeddings=True), layout, parse_args([]))
+        check_decoder_layout(meta_model(tie_embeddings=True).args, layout, parse_args([]))
 
 
 def test_a_tp_degree_that_does_not_divide_the_kv_heads_is_refused():
     with pytest.raises(UserError, match="tensor_parallel_degree 8 must divide n_heads 16 and n_kv_heads 4"):
-        parallelize_decoder(meta_model(), dims(tp=8), parse_args([]))
+        check_decoder_layout(meta_model().args, dims(tp=8), parse_args([]))
 
 
 def test_one_rank_gets_only_the_checkpointing_it_asked_for():
