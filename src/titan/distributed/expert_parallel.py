@@ -1,0 +1,73 @@
+"""Expert parallel: each rank of an EP mesh holds num_experts / ep of every MoE layer's routed experts, and token
+copies travel to their expert's rank and back by all-to-all with variable splits (gloo and NCCL alike).
+
+    apply_expert_parallel(model, ep_mesh)
+
+The experts' weights become DTensors sharded on the expert dim (Shard(0)), so optimizers, gradient clipping and
+DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
+hooks around each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
+output in the same order do not change. The router and shared experts stay replicated; their gradients are
+summed over the ranks by data parallel, as for any replicated weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from titan.models.common.moe import MoE
+from titan.tools.cli import UserError
+
+
+class _Dispatch:
+    """The hooks of one GroupedExperts: the pre-hook sends token copies to their experts' ranks and regroups them by
+    local expert; the forward hook undoes both. Calls alternate strictly, so one saved state is enough."""
+
+    def __init__(self, mesh: DeviceMesh):
+        self.group = mesh.get_group()
+        self.ep = mesh.size()
+        self.state = None
+
+    def pre_hook(self, module: nn.Module, args: tuple) -> tuple:
+        x_ND, counts_E = args
+        counts_RL = counts_E.view(self.ep, -1)  # copies this rank sends to each rank's local experts
+        received_RL = torch.empty_like(counts_RL)
+        dist.all_to_all_single(received_RL, counts_RL, group=self.group)
+        send, recv = counts_RL.sum(dim=1).tolist(), received_RL.sum(dim=1).tolist()
+        x_MD = dist_nn.all_to_all_single(x_ND.new_empty(sum(recv), x_ND.shape[1]), x_ND, recv, send, self.group)
+        # Received rank by rank, each rank's copies by local expert: regroup by local expert, rank order within.
+        local = counts_RL.shape[1]
+        expert_M = torch.repeat_interleave(torch.arange(local, device=x_ND.device).repeat(self.ep),
+                                           received_RL.flatten())
+        order_M = expert_M.argsort(stable=True)
+        self.state = (send, recv, order_M)
+        return x_MD[order_M], received_RL.sum(dim=0)
+
+    def hook(self, module: nn.Module, args: tuple, y_MD: torch.Tensor) -> torch.Tensor:
+        send, recv, order_M = self.state
+        self.state = None
+        unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), y_MD)
+        return dist_nn.all_to_all_single(y_MD.new_empty(sum(send), y_MD.shape[1]), unsorted_MD, send, recv,
+                                         self.group)
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
+    """Shards every MoE layer's routed experts over the 1-D `ep_mesh` (on meta or real tensors) and installs the
+    all-to-all dispatch; returns how many layers it changed."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    for moe in layers:
+        if moe.args.num_experts % ep_mesh.size():
+            raise UserError(f"expert_parallel_degree {ep_mesh.size()} must divide the number of experts "
+                            f"{moe.args.num_experts}")
+        experts = moe.experts
+        for name, param in list(experts.named_parameters(recurse=False)):
+            experts.register_parameter(name, nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
+                                                          requires_grad=param.requires_grad))
+        dispatch = _Dispatch(ep_mesh)
+        experts.register_forward_pre_hook(dispatch.pre_hook)
+        experts.register_forward_hook(dispatch.hook)
+    return len(layers)
