@@ -127,10 +127,10 @@ class GroupedExperts(nn.Module):
             h = F.silu(torch._grouped_mm(x_ND, w1.transpose(-2, -1), offs=offsets))
             h = h * torch._grouped_mm(x_ND, w3.transpose(-2, -1), offs=offsets)
             return _ContiguousGrad.apply(torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets))
-        outs = []
-        for e, x in enumerate(torch.split(x_ND, counts_E.tolist())):
-            outs.append(F.linear(F.silu(F.linear(x, w1[e])) * F.linear(x, w3[e]), w2[e]))
-        return torch.cat(outs) if outs else x_ND.new_empty(0, w2.shape[1])
+        # unbind: one gradient buffer per weight in backward, where indexing w[e] would make one per expert.
+        outs = [F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
+                for x, g, d, u in zip(torch.split(x_ND, counts_E.tolist()), w1.unbind(), w2.unbind(), w3.unbind())]
+        return torch.cat(outs)
 
     def init_weights(self, init_std: float) -> None:
         nn.init.trunc_normal_(self.w1, mean=0.0, std=0.02)
