@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_nn
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
@@ -38,7 +38,7 @@ class _Dispatch:
         received_RL = torch.empty_like(counts_RL)
         dist.all_to_all_single(received_RL, counts_RL, group=self.group)
         send, recv = counts_RL.sum(dim=1).tolist(), received_RL.sum(dim=1).tolist()
-        x_MD = dist_nn.all_to_all_single(x_ND.new_empty(sum(recv), x_ND.shape[1]), x_ND, recv, send, self.group)
+        x_MD = funcol.all_to_all_single_autograd(x_ND, recv, send, self.group)
         # Received rank by rank, each rank's copies by local expert: regroup by local expert, rank order within.
         local = counts_RL.shape[1]
         expert_M = torch.repeat_interleave(torch.arange(local, device=x_ND.device).repeat(self.ep),
@@ -51,8 +51,7 @@ class _Dispatch:
         send, recv, order_M = self.state
         self.state = None
         unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), y_MD)
-        return dist_nn.all_to_all_single(y_MD.new_empty(sum(send), y_MD.shape[1]), unsorted_MD, send, recv,
-                                         self.group)
+        return funcol.wait_tensor(funcol.all_to_all_single_autograd(unsorted_MD, send, recv, self.group))
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
