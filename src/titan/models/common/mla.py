@@ -29,8 +29,10 @@ class YaRN:
     original_max_seq_len: int = 4096
     beta_fast: float = 32.0
     beta_slow: float = 1.0
-    mscale: float = 1.0
+    mscale: float = 0.0
     mscale_all_dim: float = 0.0
+    """0 = not given. With both given cos/sin scale by mscale(factor, mscale) / mscale(factor, mscale_all_dim),
+    else by mscale(factor, 1); mscale_all_dim alone also sharpens the softmax (transformers' rules)."""
 
     def __post_init__(self) -> None:
         if self.theta <= 0 or self.factor < 1 or self.original_max_seq_len <= 0 or self.beta_fast <= self.beta_slow:
@@ -59,10 +61,9 @@ def yarn_frequencies(rope_dim: int, yarn: YaRN) -> tuple[torch.Tensor, float]:
     ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
     keep = 1 - ramp  # written as transformers does, so that the table is bit for bit its
     freqs = 1.0 / (yarn.factor * inv_freqs) * (1 - keep) + 1.0 / inv_freqs * keep
-    scale = _yarn_mscale(yarn.factor, yarn.mscale)
-    if yarn.mscale_all_dim:
-        scale /= _yarn_mscale(yarn.factor, yarn.mscale_all_dim)
-    return freqs, scale
+    if yarn.mscale and yarn.mscale_all_dim:
+        return freqs, _yarn_mscale(yarn.factor, yarn.mscale) / _yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+    return freqs, _yarn_mscale(yarn.factor, 1.0)
 
 
 def yarn_rope_cache(rope_dim: int, yarn: YaRN, seq_len: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (  # noqa: E402
 DIM, T = 48, 12
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 16,
         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.9, "mscale_all_dim": 0.7}
+YARN_NO_MSCALE = {k: v for k, v in YARN.items() if k != "mscale"}  # mscale_all_dim alone: another rule
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
@@ -30,10 +31,10 @@ def _yarn(rope) -> YaRN:
         return YaRN(theta=rope["rope_theta"])
     return YaRN(theta=rope["rope_theta"], factor=rope["factor"],
                 original_max_seq_len=rope["original_max_position_embeddings"], beta_fast=rope["beta_fast"],
-                beta_slow=rope["beta_slow"], mscale=rope["mscale"], mscale_all_dim=rope["mscale_all_dim"])
+                beta_slow=rope["beta_slow"], mscale=rope.get("mscale", 0.0), mscale_all_dim=rope["mscale_all_dim"])
 
 
-@pytest.mark.parametrize("rope", [YARN, ROPE], ids=["yarn", "rope"])
+@pytest.mark.parametrize("rope", [YARN, YARN_NO_MSCALE, ROPE], ids=["yarn", "yarn-no-mscale", "rope"])
 def test_yarn_table_is_transformers_rotary_embedding(rope):
     cfg = _config(None, rope)
     theirs = DeepseekV3RotaryEmbedding(cfg)
@@ -50,7 +51,7 @@ def test_yarn_table_is_transformers_rotary_embedding(rope):
 
 
 @pytest.mark.parametrize("q_lora_rank", [None, 20], ids=["q-full", "q-lora"])
-@pytest.mark.parametrize("rope", [YARN, ROPE], ids=["yarn", "rope"])
+@pytest.mark.parametrize("rope", [YARN, YARN_NO_MSCALE, ROPE], ids=["yarn", "yarn-no-mscale", "rope"])
 def test_mla_matches_transformers_deepseek_v3_attention(q_lora_rank, rope):
     cfg = _config(q_lora_rank, rope)
     theirs = DeepseekV3Attention(cfg, layer_idx=0).to(torch.float64)
