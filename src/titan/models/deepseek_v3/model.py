@@ -1,0 +1,166 @@
+"""DeepSeek-V3 as plain single-device PyTorch: MLA attention with YaRN, the first n_dense_layers blocks with a
+dense SwiGLU and the rest with a mixture of experts (sigmoid routing with a selection bias, group-limited, shared
+experts), RMSNorm, untied output. Multi-token prediction is not built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from titan.models.common.mla import MLA, MLAArgs, YaRN, yarn_rope_cache
+from titan.models.common.moe import MoE, MoEArgs
+from titan.models.llama3.model import FeedForward
+from titan.tools.cli import UserError
+
+
+@dataclass
+class ModelArgs:
+    """Flat, with TorchTitan's DeepSeek-V3 names; every architecture field of a transformers DeepseekV3Config has a
+    counterpart (hf_adapter maps them)."""
+
+    dim: int = 2048
+    n_layers: int = 27
+    n_dense_layers: int = 1
+    """The first blocks use a dense SwiGLU (HF first_k_dense_replace)."""
+    n_heads: int = 16
+    vocab_size: int = 102400
+    inter_dim: int = 10944
+    """Dense SwiGLU hidden size (HF intermediate_size)."""
+    moe_inter_dim: int = 1408
+    n_routed_experts: int = 64
+    n_shared_experts: int = 2
+    n_activated_experts: int = 6
+    n_expert_groups: int = 1
+    n_limited_groups: int = 1
+    score_func: Literal["softmax", "sigmoid"] = "sigmoid"
+    route_norm: bool = True
+    route_scale: float = 1.0
+    bias_update_rate: float = 1e-3
+    """Auxiliary-loss-free balancing: how far each step moves the experts' selection biases (0 = fixed)."""
+    use_grouped_mm: bool = True
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_factor: float = 40.0
+    rope_original_max_seq_len: int = 4096
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 1.0
+    rope_mscale_all_dim: float = 1.0
+    max_context_len: int = 163840
+    """Context the weights are made for (HF max_position_embeddings); exported, not used by training."""
+    max_seq_len: int = 4096
+    """Length of the RoPE table built (the training sequence length)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "inter_dim", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"model {name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.n_dense_layers <= self.n_layers:
+            raise UserError(f"model n_dense_layers must be in [0, n_layers = {self.n_layers}], got "
+                            f"{self.n_dense_layers}")
+        _ = self.mla_args, self.moe_args, self.yarn  # their own checks
+
+    @property
+    def mla_args(self) -> MLAArgs:
+        return MLAArgs(n_heads=self.n_heads, q_lora_rank=self.q_lora_rank, kv_lora_rank=self.kv_lora_rank,
+                       qk_nope_head_dim=self.qk_nope_head_dim, qk_rope_head_dim=self.qk_rope_head_dim,
+                       v_head_dim=self.v_head_dim, norm_eps=self.norm_eps)
+
+    @property
+    def moe_args(self) -> MoEArgs:
+        return MoEArgs(num_experts=self.n_routed_experts, top_k=self.n_activated_experts,
+                       hidden_dim=self.moe_inter_dim, num_shared_experts=self.n_shared_experts,
+                       score_func=self.score_func, route_norm=self.route_norm, route_scale=self.route_scale,
+                       n_groups=self.n_expert_groups, topk_groups=self.n_limited_groups,
+                       bias_update_rate=self.bias_update_rate, use_grouped_mm=self.use_grouped_mm)
+
+    @property
+    def yarn(self) -> YaRN:
+        return YaRN(theta=self.rope_theta, factor=self.rope_factor, original_max_seq_len=self.rope_original_max_seq_len,
+                    beta_fast=self.rope_beta_fast, beta_slow=self.rope_beta_slow, mscale=self.rope_mscale,
+                    mscale_all_dim=self.rope_mscale_all_dim)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: ModelArgs):
+        super().__init__()
+        self.attention = MLA(args.dim, args.mla_args, args.yarn)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        dense = layer_id < args.n_dense_layers
+        self.feed_forward = FeedForward(args.dim, args.inter_dim) if dense else None
+        self.moe = None if dense else MoE(args.dim, args.moe_args)
+        self.init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+
+    def forward(self, x_BTD: torch.Tensor, rope_TH2: torch.Tensor) -> torch.Tensor:
+        h = x_BTD + self.attention(self.attention_norm(x_BTD), rope_TH2)
+        ffn = self.feed_forward if self.moe is None else self.moe
+        return h + ffn(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        self.attention.init_weights(self.init_std)
+        (self.feed_forward if self.moe is None else self.moe).init_weights(self.init_std)
+
+
+class Transformer(nn.Module):
+    pipeline_first_modules = ("tok_embeddings",)
+    pipeline_last_modules = ("norm", "output")
+    context_parallel_buffers = ("rope_cache",)
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
+
+    def _rope_cache(self) -> torch.Tensor:
+        return yarn_rope_cache(self.args.qk_rope_head_dim, self.args.yarn, self.args.max_seq_len)
+
+    def init_buffers(self, buffer_device: torch.device | None = None) -> None:
+        with torch.device(buffer_device or self.rope_cache.device):
+            self.rope_cache = self._rope_cache()
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initializes parameters and the RoPE table in place (after `to_empty` from the meta device)."""
+        self.init_buffers(buffer_device)
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight)
+        for block in self.layers.values():
+            if block is not None:
+                block.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            std = self.args.dim**-0.5
+            nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, vocab); stages of a pipeline drop the parts they do not own."""
+        h = self.tok_embeddings(tokens_BT) if self.tok_embeddings is not None else tokens_BT
+        for block in self.layers.values():
+            h = block(h, self.rope_cache)
+        if self.norm is None:
+            return h
+        return self.output(self.norm(h))
+
+
+def active_params(model: Transformer) -> int:
+    """Parameters one token uses: all but the routed experts it does not reach (k of E per MoE layer)."""
+    args = model.args
+    routed = sum(p.numel() for block in model.layers.values() if block.moe is not None
+                 for p in block.moe.experts.parameters())
+    unused = routed // args.n_routed_experts * (args.n_routed_experts - args.n_activated_experts)
+    return sum(p.numel() for p in model.parameters()) - unused
