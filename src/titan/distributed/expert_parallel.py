@@ -1,7 +1,9 @@
 """Expert parallel: each rank of an EP mesh holds num_experts / ep of every MoE layer's routed experts, and token
 copies travel to their expert's rank and back by all-to-all with variable splits (gloo and NCCL alike).
 
-    apply_expert_parallel(model, ep_mesh)
+    apply_expert_parallel(model, ep_mesh)           # the layer alone
+    ignored = apply_moe_data_parallel(model, parallel_dims, job_config)  # in a family's parallelize, before FSDP
+    apply_data_parallel(model, parallel_dims, job_config, ignored_params=ignored)
 
 The experts' weights become DTensors sharded on the expert dim (Shard(0)), so optimizers, gradient clipping and
 DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
@@ -17,10 +19,14 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from titan.config.dtypes import TORCH_DTYPES
+from titan.distributed.data_parallel import reshard_after_forward
 from titan.models.common.moe import MoE
 from titan.tools.cli import UserError
+from titan.tools.logging import logger
 
 
 class _Dispatch:
@@ -70,3 +76,39 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
         experts.register_forward_pre_hook(dispatch.pre_hook)
         experts.register_forward_hook(dispatch.hook)
     return len(layers)
+
+
+def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[nn.Parameter]:
+    """Expert parallel over parallel_dims' ep mesh, then FSDP of each MoE layer's experts over the data-parallel
+    ranks outside the expert group (dp_shard_mod_ep, and dp_replicate as HSDP), as their own units. Returns the
+    experts' parameters that no FSDP unit reduces (no such ranks), which the model's FSDP must leave alone.
+
+    Every token of the batch reaches its experts over the all-to-all, so an expert's gradient already sums the
+    expert group's ranks; it is divided by all data-parallel ranks (dp_replicate x dp_shard x cp), as the
+    averaging FSDP does for the replicated weights."""
+    if not parallel_dims.ep_enabled:
+        return set()
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise UserError(f"expert_parallel_degree {parallel_dims.ep} needs a model with experts; this one has none")
+    apply_expert_parallel(model, parallel_dims.submesh("ep"))
+    dp_ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard * parallel_dims.cp
+    names = [n for n in ("dp_replicate", "dp_shard_mod_ep") if n in parallel_dims.world_mesh.mesh_dim_names]
+    if not names:
+        ignored = {p for moe in layers for p in moe.experts.parameters()}
+        for p in ignored:
+            p.register_hook(lambda grad: grad / dp_ranks)
+        logger.info(f"expert parallel {parallel_dims.ep}: experts sharded over the expert group only")
+        return ignored
+    training = job_config.training
+    mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.mixed_precision_param],
+                                     reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce])
+    mesh = parallel_dims.world_mesh[tuple(names)]
+    for moe in layers:
+        fully_shard(moe.experts, mesh=mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward(parallel_dims, job_config))
+        moe.experts.set_gradient_divide_factor(dp_ranks)
+        # A sum and a division, not NCCL's pre-multiplied sum, which gloo lacks.
+        moe.experts.set_force_sum_reduction_for_comms(True)
+    logger.info(f"expert parallel {parallel_dims.ep}: experts FSDP over {dict(zip(names, mesh.shape))}")
+    return set()

@@ -120,7 +120,9 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """x_ND: token copies sorted by expert, counts_E[e] of them for expert e, in order."""
-        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w2, self.w3))
+        # Local experts under expert parallel; the compute dtype where FSDP's mixed precision does not cast them.
+        w1, w2, w3 = ((w.to_local() if hasattr(w, "to_local") else w).to(x_ND.dtype)
+                      for w in (self.w1, self.w2, self.w3))
         if self.use_grouped_mm and grouped_mm_supported(x_ND):
             offsets = counts_E.cumsum(0).to(torch.int32)
             # The grouped GEMM rejects a zero-stride gradient (e.g. from out.sum()); contiguous() gives it strides.
@@ -196,8 +198,9 @@ class MoE(nn.Module):
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         weights_TK, experts_TK, scores_TE = self.router(x_TD)
         counts_E = torch.bincount(experts_TK.flatten(), minlength=self.args.num_experts)
-        with torch.no_grad():
-            self.tokens_per_expert += counts_E
+        if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute inside backward
+            with torch.no_grad():
+                self.tokens_per_expert += counts_E
         # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
         order_N = experts_TK.flatten().argsort(stable=True)
         token_N = order_N // self.args.top_k

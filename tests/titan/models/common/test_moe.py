@@ -181,3 +181,13 @@ def test_expert_load_step_reports_load_and_moves_the_bias_towards_balance():
 def test_impossible_moe_args_are_user_errors(kwargs):
     with pytest.raises(UserError):
         MoEArgs(**{"num_experts": 8, **kwargs})
+
+
+def test_activation_checkpoint_recompute_does_not_count_tokens_twice():
+    from torch.utils.checkpoint import checkpoint
+
+    ours, _ = deepseek_pair()
+    ours.tokens_per_expert.zero_()
+    x = _inputs().requires_grad_()
+    checkpoint(ours, x, use_reentrant=False).sum().backward()
+    assert ours.tokens_per_expert.sum() == x.shape[0] * x.shape[1] * 3
