@@ -33,8 +33,6 @@ from titan.tools.logging import logger
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
 
-MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
-
 
 def check_dump_folder_writable(folder: str) -> None:
     """Fails before anything is written when the dump folder cannot be created or written."""
@@ -88,7 +86,8 @@ def seed_everything(debug) -> None:
 
 
 def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
-    """The flavor's args with the config's `model.*` overrides, then the spec's own updates (e.g. vocab size)."""
+    """The flavor's args (or the Hugging Face folder's) with the config's `--model.<field>` keys (checked against
+    the family's fields when the config was read), then the spec's own updates (e.g. vocab size)."""
     if model_args is None:
         flavor = job_config.model.flavor
         if flavor == "hf" and spec.args_from_folder is not None:
@@ -98,15 +97,11 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
                              f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
         else:
             model_args = copy.deepcopy(spec.flavors[flavor])
-        overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
-        unsupported = [k for k in overrides if not hasattr(model_args, k)]
-        if unsupported:
-            raise UserError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
-        if overrides:
+        if job_config.model.args:
             try:
-                model_args = dataclasses.replace(model_args, **overrides)
+                model_args = dataclasses.replace(model_args, **job_config.model.args)
             except ValueError as e:
-                raise UserError(f"model overrides {overrides}: {e}") from None
+                raise UserError(f"model: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args

@@ -41,6 +41,7 @@ from titan.distributed.utils import (
 )
 from titan.models import get_model_spec
 from titan.protocols.model_spec import ModelSpec
+from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
 from titan.tools.logging import init_logger, logger
@@ -199,6 +200,9 @@ class Trainer:
             if apply:
                 opt.step()
             sched.step()
+        if self.config.float8.enable_fsdp_float8_all_gather:
+            for part in self.model_parts:
+                precompute_float8_scales(part)
         device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
         return {"tokens": tokens, "names": names, "device_values": device_values}
 

@@ -64,8 +64,7 @@ def load_model(config_path: str, checkpoint: str, overrides: list[str]):
                         f"lcsm.generate runs hyena flavors ({', '.join(hyena_flavors)}): give a hyena config")
     tokenizer = build_tokenizer(job_config)
     args = hyena_flavors[job_config.model.flavor]
-    overrides = {k: getattr(job_config.model, k) for k in ("dim", "n_layers") if getattr(job_config.model, k)}
-    args = update_model_args(dataclasses.replace(args, **overrides), job_config, tokenizer)
+    args = update_model_args(dataclasses.replace(args, **job_config.model.args), job_config, tokenizer)
     model = HyenaLM(args)
     model.init_weights()
     if checkpoint:

@@ -305,6 +305,9 @@ class Float8:
     """Train linear layers in float8."""
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """Scaling granularity."""
+    backend: Literal["auto", "torchao", "titan"] = "auto"
+    """auto: torchao's Float8Linear where its float8 kernels run (CUDA sm89+, sm90+ for rowwise; the `float8`
+    extra installs it), else titan's own (exact emulation on a CPU). torchao off those GPUs runs emulated."""
     enable_fsdp_float8_all_gather: bool = False
     """With FSDP: all-gather float8 linear weights in float8 (half of bf16's bytes); tensorwise recipe only."""
     filter_fqns: list[str] = field(default_factory=lambda: ["output"])
