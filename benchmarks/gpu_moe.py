@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from titan.models.common.decoder import FeedForward
 from titan.models.common.moe import MoE, MoEArgs
-from titan.models.llama3.model import FeedForward
 
 FULL = {"tokens": 16384, "dim": 4096, "experts": 64, "top_k": 8, "hidden": 1024, "iters": 10}
 DRY = {"tokens": 256, "dim": 64, "experts": 8, "top_k": 2, "hidden": 32, "iters": 2}

@@ -20,8 +20,8 @@ import time
 
 import torch
 
+from titan.models.common.decoder import FeedForward
 from titan.models.common.moe import MoE, MoEArgs, grouped_mm_supported
-from titan.models.llama3.model import FeedForward
 
 
 def _step(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""DeepSeek-V3's multi-head latent attention (MLA) and the YaRN rotary scaling it is trained with.
+"""DeepSeek-V3's multi-head latent attention (MLA), with YaRN rotary scaling (titan.models.common.rope).
 
 Keys and values come from a low-rank latent (kv_lora_rank) shared by all heads; queries optionally too
 (q_lora_rank, 0 = a full projection). Each head's query/key is a part without position (qk_nope_head_dim) and a
@@ -9,68 +9,14 @@ rope_interleave=True).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan.models.llama3.model import apply_rotary
+from titan.models.common.rope import YaRN, apply_rotary, yarn_mscale
 from titan.tools.cli import UserError
-
-
-@dataclass
-class YaRN:
-    """YaRN rotary scaling (HF rope_type "yarn"); factor 1 is plain RoPE."""
-
-    theta: float = 10000.0
-    factor: float = 1.0
-    original_max_seq_len: int = 4096
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 0.0
-    mscale_all_dim: float = 0.0
-    """0 = not given. With both given cos/sin scale by mscale(factor, mscale) / mscale(factor, mscale_all_dim),
-    else by mscale(factor, 1); mscale_all_dim alone also sharpens the softmax (transformers' rules)."""
-
-    def __post_init__(self) -> None:
-        if self.theta <= 0 or self.factor < 1 or self.original_max_seq_len <= 0 or self.beta_fast <= self.beta_slow:
-            raise UserError(f"yarn needs theta > 0, factor >= 1, original_max_seq_len > 0 and beta_fast > "
-                            f"beta_slow, got {self.theta}, {self.factor}, {self.original_max_seq_len}, "
-                            f"{self.beta_fast}, {self.beta_slow}")
-
-
-def _yarn_mscale(factor: float, mscale: float) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def yarn_frequencies(rope_dim: int, yarn: YaRN) -> tuple[torch.Tensor, float]:
-    """Per-pair frequencies (rope_dim/2,) in fp32 as transformers computes them, and the factor cos/sin are scaled
-    by. High frequencies (many turns within the original context) are kept, low ones divided by the factor, the
-    band between (beta_fast to beta_slow turns) blended linearly."""
-    inv_freqs = yarn.theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
-    if yarn.factor == 1:
-        return 1.0 / inv_freqs, 1.0
-
-    def dim_of(turns: float) -> float:  # the pair index whose inv_freqsgth fits `turns` times in the old context
-        return rope_dim * math.log(yarn.original_max_seq_len / (turns * 2 * math.pi)) / (2 * math.log(yarn.theta))
-
-    low = max(math.floor(dim_of(yarn.beta_fast)), 0)
-    high = min(math.ceil(dim_of(yarn.beta_slow)), rope_dim - 1)
-    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
-    keep = 1 - ramp  # written as transformers does, so that the table is bit for bit its
-    freqs = 1.0 / (yarn.factor * inv_freqs) * (1 - keep) + 1.0 / inv_freqs * keep
-    if yarn.mscale and yarn.mscale_all_dim:
-        return freqs, _yarn_mscale(yarn.factor, yarn.mscale) / _yarn_mscale(yarn.factor, yarn.mscale_all_dim)
-    return freqs, _yarn_mscale(yarn.factor, 1.0)
-
-
-def yarn_rope_cache(rope_dim: int, yarn: YaRN, seq_len: int) -> torch.Tensor:
-    """(seq_len, rope_dim/2, 2) cos/sin table, the format titan.models.llama3.model.apply_rotary reads."""
-    freqs, scale = yarn_frequencies(rope_dim, yarn)
-    angles_TH = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
-    return torch.stack((angles_TH.cos(), angles_TH.sin()), dim=-1) * scale
 
 
 @dataclass
@@ -113,7 +59,7 @@ class MLA(nn.Module):
         self.wkv_b = nn.Linear(args.kv_lora_rank, args.n_heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
         self.wo = nn.Linear(args.n_heads * args.v_head_dim, dim, bias=False)
         # YaRN sharpens the softmax by mscale(factor, mscale_all_dim)^2 (1 for plain RoPE).
-        self.softmax_scale = qk**-0.5 * _yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2 if yarn.mscale_all_dim \
+        self.softmax_scale = qk**-0.5 * yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2 if yarn.mscale_all_dim \
             else qk**-0.5
 
     def forward(self, x_BTD: torch.Tensor, rope_TH2: torch.Tensor) -> torch.Tensor:
@@ -125,8 +71,8 @@ class MLA(nn.Module):
         kv, k_rope = self.wkv_a(x_BTD).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
         k_nope, v = self.wkv_b(self.kv_norm(kv)).view(B, T, -1, a.qk_nope_head_dim + a.v_head_dim).split(
             [a.qk_nope_head_dim, a.v_head_dim], dim=-1)
-        k_rope = apply_rotary(k_rope.view(B, T, 1, a.qk_rope_head_dim), rope_TH2)
-        q = torch.cat((q_nope, apply_rotary(q_rope, rope_TH2)), dim=-1)
+        k_rope = apply_rotary(k_rope.view(B, T, 1, a.qk_rope_head_dim), rope_TH2, interleaved=True)
+        q = torch.cat((q_nope, apply_rotary(q_rope, rope_TH2, interleaved=True)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              is_causal=True, scale=self.softmax_scale)

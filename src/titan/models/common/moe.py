@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan.models.llama3.model import FeedForward
+from titan.models.common.decoder import FeedForward
 from titan.tools.cli import UserError
 
 

@@ -10,9 +10,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from titan.models.common.mla import MLA, MLAArgs, YaRN, yarn_rope_cache
+from titan.models.common.decoder import FeedForward
+from titan.models.common.mla import MLA, MLAArgs
 from titan.models.common.moe import MoE, MoEArgs
-from titan.models.llama3.model import FeedForward
+from titan.models.common.rope import YaRN, yarn_rope_cache
 from titan.tools.cli import UserError
 
 

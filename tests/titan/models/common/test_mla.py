@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from titan.models.common.mla import MLA, MLAArgs, YaRN, yarn_frequencies, yarn_rope_cache
+from titan.models.common.mla import MLA, MLAArgs
+from titan.models.common.rope import YaRN, yarn_frequencies, yarn_rope_cache
 from titan.tools.cli import UserError
 
 transformers = pytest.importorskip("transformers")
