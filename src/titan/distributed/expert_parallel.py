@@ -86,11 +86,9 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     Every token of the batch reaches its experts over the all-to-all, so an expert's gradient already sums the
     expert group's ranks; it is divided by all data-parallel ranks (dp_replicate x dp_shard x cp), as the
     averaging FSDP does for the replicated weights."""
-    if not parallel_dims.ep_enabled:
-        return set()
     layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not layers:
-        raise UserError(f"expert_parallel_degree {parallel_dims.ep} needs a model with experts; this one has none")
+    if not parallel_dims.ep_enabled or not layers:
+        return set()
     apply_expert_parallel(model, parallel_dims.submesh("ep"))
     dp_ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard * parallel_dims.cp
     names = [n for n in ("dp_replicate", "dp_shard_mod_ep") if n in parallel_dims.world_mesh.mesh_dim_names]

@@ -64,7 +64,7 @@ class ParallelDims:
             tp=parallelism.tensor_parallel_degree,
             pp=parallelism.pipeline_parallel_degree,
             world_size=world_size,
-            ep=getattr(parallelism, "expert_parallel_degree", 1),
+            ep=parallelism.expert_parallel_degree,
         )
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:

@@ -17,6 +17,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan.distributed import apply_ac, apply_compile, apply_data_parallel
+from titan.distributed.expert_parallel import apply_moe_data_parallel
+from titan.models.common.mla import MLA
+from titan.models.common.moe import MoE
 from titan.quantization.float8 import apply_float8, enable_float8_all_gather
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
@@ -85,6 +88,13 @@ def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Modul
         # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
         raise UserError("tied embeddings (model.tie_embeddings) train with FSDP/HSDP and context parallel; drop "
                          "tensor/pipeline parallel or pass --model.tie_embeddings false")
+    if any(isinstance(m, (MoE, MLA)) for m in model.modules()):
+        off = [k for k, on in (("tensor", parallel_dims.tp_enabled), ("pipeline", parallel_dims.pp_enabled),
+                               ("context", parallel_dims.cp_enabled), ("compile", job_config.compile.enable),
+                               ("float8", job_config.float8.enable)) if on]
+        if off:
+            raise UserError(f"{type(model.args).__name__} (experts or latent attention) trains with FSDP/HSDP and "
+                            f"expert parallel; {', '.join(off)} with it is not built yet: drop it")
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
         args = model.args
@@ -100,5 +110,7 @@ def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Modul
     apply_compile(model, job_config.compile)
     if job_config.float8.enable_fsdp_float8_all_gather:
         apply_float8_all_gather(model, parallel_dims)
-    apply_data_parallel(model, parallel_dims, job_config)
+    # Experts first: their own FSDP units (or none), which the blocks' FSDP then leaves to them.
+    ignored = apply_moe_data_parallel(model, parallel_dims, job_config)
+    apply_data_parallel(model, parallel_dims, job_config, ignored_params=ignored)
     return model

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from titan.models.common.hf_adapter import EXPERT_PROJECTIONS, check_fixed, experts_to_hf, stack_experts
 from titan.models.deepseek_v3.model import ModelArgs
 from titan.tools.cli import UserError
 
@@ -37,12 +38,23 @@ _LAYER_NAMES = {
     "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
-_EXPERT_NAMES = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 _ROOT_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                "output.weight": "lm_head.weight"}
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_HF_EXPERT_KEY = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|down_proj|up_proj)\.weight$")
+# ModelArgs field -> (config.json name, model.* key that sets it), for the one-line mismatch messages.
+FIELDS = {name: (hf, f"model.{name}") for name, hf in (
+    ("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_dense_layers", "first_k_dense_replace"),
+    ("n_heads", "num_attention_heads"), ("vocab_size", "vocab_size"), ("inter_dim", "intermediate_size"),
+    ("moe_inter_dim", "moe_intermediate_size"), ("n_routed_experts", "n_routed_experts"),
+    ("n_shared_experts", "n_shared_experts"), ("n_activated_experts", "num_experts_per_tok"),
+    ("n_expert_groups", "n_group"), ("n_limited_groups", "topk_group"), ("route_norm", "norm_topk_prob"),
+    ("route_scale", "routed_scaling_factor"), ("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+    ("qk_nope_head_dim", "qk_nope_head_dim"), ("qk_rope_head_dim", "qk_rope_head_dim"),
+    ("v_head_dim", "v_head_dim"), ("norm_eps", "rms_norm_eps"), ("rope_theta", "rope_theta"),
+    ("rope_factor", "factor"), ("rope_original_max_seq_len", "original_max_position_embeddings"),
+    ("rope_beta_fast", "beta_fast"), ("rope_beta_slow", "beta_slow"), ("rope_mscale", "mscale"),
+    ("rope_mscale_all_dim", "mscale_all_dim"))}
 FIXED = {"hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False, "attention_dropout": 0.0}
 
 
@@ -74,9 +86,8 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
         m = _LAYER_KEY.match(key)
         name = m.group(2) if m else ""
         prefix = f"model.layers.{m.group(1)}." if m else ""
-        if name.startswith("moe.experts.") and name[12:] in _EXPERT_NAMES:
-            for j, w in enumerate(value.unbind(0)):
-                hf[f"{prefix}mlp.experts.{j}.{_EXPERT_NAMES[name[12:]]}.weight"] = w.contiguous()
+        if name.startswith("moe.experts.") and name[12:] in EXPERT_PROJECTIONS:
+            hf |= experts_to_hf(f"{prefix}mlp.experts", name[12:], value)
         elif name in _LAYER_NAMES:
             hf[prefix + _LAYER_NAMES[name]] = value.contiguous()
         else:
@@ -84,39 +95,25 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
     return hf
 
 
-def from_hf(hf_state_dict: dict[str, torch.Tensor], args: ModelArgs,
-            rope_interleave: bool = True) -> dict[str, torch.Tensor]:
+def from_hf(hf_state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
     root = {v: k for k, v in _ROOT_NAMES.items()}
     layer = {v: k for k, v in _LAYER_NAMES.items()}
-    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    layer |= {f"mlp.experts.{k}": f"moe.experts.{k}" for k in EXPERT_PROJECTIONS}
     sd = {}
-    for key, value in hf_state_dict.items():
+    for key, value in stack_experts(hf_state_dict, args.n_routed_experts).items():
         if key in root:
             sd[root[key]] = value
             continue
         m = _HF_LAYER_KEY.match(key)
-        expert = _HF_EXPERT_KEY.match(m.group(2)) if m else None
-        if expert:
-            ours = {v: k for k, v in _EXPERT_NAMES.items()}[expert.group(2)]
-            experts.setdefault((m.group(1), ours), {})[int(expert.group(1))] = value
-            continue
-        if not m or m.group(2) not in layer or int(m.group(1)) >= args.n_layers:
+        if not m or m.group(2) not in layer:
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a cached buffer some exports carry
-            # Multi-token-prediction layers (model.layers.<n_layers>...) are not built here.
-            if m and int(m.group(1)) >= args.n_layers:
-                continue
             raise UserError(f"unknown Hugging Face DeepSeek-V3 parameter {key}")
         name = layer[m.group(2)]
         rows = _rope_rows(args, name)
-        if rows and not rope_interleave:
+        if rows and not args.rope_interleave:
             value = _interleave(value, rows)
         sd[f"layers.{m.group(1)}.{name}"] = value
-    for (i, name), tensors in experts.items():
-        if sorted(tensors) != list(range(args.n_routed_experts)):
-            raise UserError(f"layer {i} holds {len(tensors)} experts' {_EXPERT_NAMES[name]}, not the "
-                            f"{args.n_routed_experts} of its config.json")
-        sd[f"layers.{i}.moe.experts.{name}"] = torch.stack([tensors[j] for j in range(args.n_routed_experts)])
     return sd
 
 
@@ -143,9 +140,7 @@ def args_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelArgs:
     """ModelArgs for a transformers DeepseekV3Config dict; refuses what this model cannot compute."""
     if cfg.get("model_type", "deepseek_v3") != "deepseek_v3":
         raise UserError(f"{source}: model_type {cfg.get('model_type')!r} is not deepseek_v3")
-    for key, value in FIXED.items():
-        if cfg.get(key, value) != value:
-            raise UserError(f"{source}: {key} = {cfg[key]!r} is not supported (titan's DeepSeek-V3 has {value!r})")
+    check_fixed(cfg, FIXED, source, "DeepSeek-V3")
     try:
         heads = int(cfg["num_attention_heads"])
         if int(cfg.get("num_key_value_heads") or heads) != heads:
@@ -162,7 +157,8 @@ def args_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelArgs:
             q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(cfg["kv_lora_rank"]),
             qk_nope_head_dim=int(cfg["qk_nope_head_dim"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
             v_head_dim=int(cfg["v_head_dim"]), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_context_len=int(cfg.get("max_position_embeddings", 4096)), **_rope_args(cfg),
+            max_context_len=int(cfg.get("max_position_embeddings", 4096)),
+            rope_interleave=bool(cfg.get("rope_interleave", True)), **_rope_args(cfg),
         )
     except KeyError as e:
         raise UserError(f"{source} lacks {e.args[0]}; is it a DeepSeek-V3 config?") from None

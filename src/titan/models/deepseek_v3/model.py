@@ -5,7 +5,7 @@ experts), RMSNorm, untied output. Multi-token prediction is not built."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -59,6 +59,11 @@ class ModelArgs:
     """Context the weights are made for (HF max_position_embeddings); exported, not used by training."""
     max_seq_len: int = 4096
     """Length of the RoPE table built (the training sequence length)."""
+    rope_interleave: bool = True
+    """How a Hugging Face folder lays out the rotary rows (HF rope_interleave); titan's are always interleaved,
+    so this only says whether an import permutes them."""
+
+    tie_embeddings: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "inter_dim", "max_seq_len"):
@@ -68,6 +73,10 @@ class ModelArgs:
             raise UserError(f"model n_dense_layers must be in [0, n_layers = {self.n_layers}], got "
                             f"{self.n_dense_layers}")
         _ = self.mla_args, self.moe_args, self.yarn  # their own checks
+
+    @property
+    def rope_scaling(self) -> str:
+        return "yarn" if self.rope_factor != 1 else "none"
 
     @property
     def mla_args(self) -> MLAArgs:
@@ -156,6 +165,14 @@ class Transformer(nn.Module):
         if self.norm is None:
             return h
         return self.output(self.norm(h))
+
+
+def flops_per_token(model: Transformer, args: ModelArgs, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x the non-embedding parameters a token uses (k of the E routed experts) plus
+    causal-free attention scores (6·L·H·(qk + v head dims)·T)."""
+    active = active_params(model) - (args.vocab_size * args.dim if model.tok_embeddings is not None else 0)
+    attention = 6 * args.n_layers * args.n_heads * (args.qk_nope_head_dim + args.qk_rope_head_dim + args.v_head_dim)
+    return 6 * active + attention * seq_len
 
 
 def active_params(model: Transformer) -> int:

@@ -1,14 +1,12 @@
-"""DeepSeek-V3 against transformers: random small DeepseekV3Configs import (their saved folders) and export with
-the same float64 logits (1e-6 relative), and the flavors have transformers' parameter counts."""
-
-import json
+"""DeepSeek-V3 against transformers: random small DeepseekV3Configs import through titan.hf.load and export
+through titan.hf.save with the same float64 logits (1e-6 relative), and the flavors have transformers' parameter
+counts."""
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
+import titan.hf
 from titan.models.deepseek_v3.flavors import deepseek_v3_flavors
-from titan.models.deepseek_v3.hf_adapter import args_from_hf, from_hf, hf_config, to_hf
 from titan.models.deepseek_v3.model import Transformer, active_params
 
 transformers = pytest.importorskip("transformers")
@@ -48,16 +46,6 @@ def _hf_model(**overrides):
     return model
 
 
-def _ours_from_folder(folder):
-    cfg = json.loads((folder / "config.json").read_text())
-    args = args_from_hf(cfg)
-    args.max_seq_len = 16
-    model = Transformer(args).to(torch.float64)
-    state = from_hf(load_file(folder / "model.safetensors"), args, rope_interleave=cfg.get("rope_interleave", True))
-    model.load_state_dict(state, strict=True)
-    return model.eval()
-
-
 def _rel(got, want):
     return ((got - want).norm() / want.norm()).item()
 
@@ -68,30 +56,24 @@ def _rel(got, want):
 def test_hf_folder_imports_with_transformers_logits(tmp_path, overrides):
     theirs = _hf_model(**overrides)
     theirs.save_pretrained(tmp_path)
-    ours = _ours_from_folder(tmp_path)
+    ours = titan.hf.load(tmp_path)
+    assert isinstance(ours, Transformer)
     tokens = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert _rel(ours(tokens), theirs(tokens).logits) < 1e-6
 
 
 def test_export_loads_in_transformers_with_the_same_logits(tmp_path):
-    ours = _ours_from_folder(_saved(tmp_path / "src"))
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(hf_config(ours.args, "float64")))
-    save_file(to_hf(ours.state_dict(), ours.args), out / "model.safetensors")
-    theirs, info = transformers.DeepseekV3ForCausalLM.from_pretrained(out, output_loading_info=True,
+    _hf_model().save_pretrained(tmp_path / "src")
+    ours = titan.hf.load(tmp_path / "src")
+    titan.hf.save(ours, tmp_path / "out", dtype=torch.float64)
+    theirs, info = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True,
                                                                       dtype=torch.float64,
                                                                       experts_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     tokens = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert _rel(ours(tokens), theirs.eval()(tokens).logits) < 1e-6
-
-
-def _saved(folder):
-    _hf_model().save_pretrained(folder)
-    return folder
 
 
 # transformers' DeepseekV3Config for each flavor (DeepseekV3ForCausalLM builds no multi-token-prediction layer).
