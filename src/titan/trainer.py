@@ -40,6 +40,7 @@ from titan.distributed.utils import (
     replicated_value,
 )
 from titan.models import get_model_spec
+from titan.models.common.moe import expert_load_step
 from titan.protocols.model_spec import ModelSpec
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
@@ -203,18 +204,25 @@ class Trainer:
         if self.config.float8.enable_fsdp_float8_all_gather:
             for part in self.model_parts:
                 precompute_float8_scales(part)
-        device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
-        return {"tokens": tokens, "names": names, "device_values": device_values}
+        # MoE layers: routed-token counts summed over the data-parallel ranks, balancing biases moved.
+        dp = self.parallel_dims.submesh("dp_cp")
+        moe = {k: v for part in self.model_parts
+               for k, v in expert_load_step(part, dp.get_group() if dp is not None else None).items()}
+        moe_values = torch.stack(list(moe.values())).double() if moe else reduced.new_zeros(0, dtype=torch.float64)
+        device_values = torch.cat([moe_values, reduced.double(),
+                                   grad_norm.reshape(1).double(), self.nonfinite.state.double()])
+        return {"tokens": tokens, "names": names, "moe_names": list(moe), "device_values": device_values}
 
     def read_step(self, out: dict[str, Any]) -> dict[str, Any]:
         """The step's values on the host (its one device sync), the non-finite policy applied: loss, grad_norm,
         extra metrics, tokens and the stop signal every rank agrees on."""
         names, host = out["names"], out["device_values"].tolist()
+        moe, host = dict(zip(out["moe_names"], host)), host[len(out["moe_names"]):]
         values, grad_norm = host[:len(names) + 1], host[-5]
         flags, state = host[len(names) + 1:-5], host[-4:]
         self.nonfinite.check(state, self.step, values[0], grad_norm)
         return {"loss": values[0], "grad_norm": grad_norm, "tokens": out["tokens"],
-                "stop_signal": self.stop_signals.agreed(flags), **dict(zip(names, values[1:]))}
+                "stop_signal": self.stop_signals.agreed(flags), **dict(zip(names, values[1:])), **moe}
 
     def save_checkpoint(self, last: bool = False) -> None:
         ckpt = self.config.checkpoint

@@ -72,7 +72,8 @@ def _case(name: str, grouped: bool) -> dict:
     a2a = [v for (kind, _), v in stats.table().items() if kind == "all_to_all"]
     return {"out": (got.detach(), want[rank].detach()), "x_grad": (xr.grad, x.grad[rank]), "grads": grads,
             "local_shape": tuple(moe.experts.w1.to_local().shape),
-            "stats": (expert_load_step(moe, group=mesh.get_group()), want_stats),
+            "stats": ({k: v.item() for k, v in expert_load_step(moe, group=mesh.get_group()).items()},
+                      {k: v.item() for k, v in want_stats.items()}),
             "all_to_all": (a2a, 8 * 8 + 4 * rows * DIM * 4), "received": received}
 
 

@@ -224,11 +224,11 @@ class MoE(nn.Module):
 
 
 @torch.no_grad()
-def expert_load_step(model: nn.Module, group=None) -> dict[str, float]:
+def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
     """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that split the
     batch), moves DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen
-    (tokens per expert, min and max over layers and experts, and imbalance = max / mean) for the metrics.
-    Nothing when the model has no MoE layer."""
+    (tokens per expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d
+    tensors on the device, read by the host only when it logs. Nothing when the model has no MoE layer."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not layers:
         return {}
@@ -240,6 +240,6 @@ def expert_load_step(model: nn.Module, group=None) -> dict[str, float]:
             bias = moe.router.expert_bias
             bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
         moe.tokens_per_expert.zero_()
-    mean = counts_LE.mean(dim=1).clamp(min=1)
-    return {"moe_tokens_min": counts_LE.min().item(), "moe_tokens_max": counts_LE.max().item(),
-            "moe_imbalance": (counts_LE.max(dim=1).values / mean).max().item()}
+    mean_L = counts_LE.mean(dim=1).clamp(min=1)
+    return {"moe_tokens_min": counts_LE.min(), "moe_tokens_max": counts_LE.max(),
+            "moe_imbalance": (counts_LE.max(dim=1).values / mean_L).max()}
