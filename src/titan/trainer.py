@@ -40,7 +40,7 @@ from titan.distributed.utils import (
     replicated_value,
 )
 from titan.models import get_model_spec
-from titan.models.common.moe import expert_load_step
+from titan.models.common.moe import MoE, expert_load_step
 from titan.protocols.model_spec import ModelSpec
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
@@ -85,6 +85,8 @@ class Trainer:
         dp = self.parallel_dims.dp_degree
         self.global_batch_size, self.grad_accum_steps = batch_layout(job_config.training, dp)
         self._build_model_parts(initial_state_dict, world_size)
+        for moe in (m for part in self.model_parts for m in part.modules() if isinstance(m, MoE)):
+            moe.aux_loss_scale = 1 / self.grad_accum_steps  # the balance loss scales as the loss does
         self.optimizers = [build_optimizer(part, job_config.optimizer) for part in self.model_parts]
         self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, job_config.training.steps)
                               for opt in self.optimizers]

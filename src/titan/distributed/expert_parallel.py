@@ -38,6 +38,10 @@ class _Dispatch:
         self.ep = mesh.size()
         self.state = None
 
+    # Each rank's loss is a mean over its own tokens, and data parallel averages gradients over the ranks; an
+    # expert's gradient instead sums the expert group's tokens over the all-to-all. So the gradient into the
+    # experts is divided by the group size, and the one back to the tokens multiplied again.
+
     def pre_hook(self, module: nn.Module, args: tuple) -> tuple:
         x_ND, counts_E = args
         counts_RL = counts_E.view(self.ep, -1)  # copies this rank sends to each rank's local experts
@@ -51,13 +55,24 @@ class _Dispatch:
                                            received_RL.flatten())
         order_M = expert_M.argsort(stable=True)
         self.state = (send, recv, order_M)
-        return x_MD[order_M], received_RL.sum(dim=0)
+        return _ScaleGrad.apply(x_MD, float(self.ep))[order_M], received_RL.sum(dim=0)
 
     def hook(self, module: nn.Module, args: tuple, y_MD: torch.Tensor) -> torch.Tensor:
         send, recv, order_M = self.state
         self.state = None
-        unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), y_MD)
+        unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), _ScaleGrad.apply(y_MD, 1.0 / self.ep))
         return funcol.wait_tensor(funcol.all_to_all_single_autograd(unsorted_MD, send, recv, self.group))
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
@@ -80,24 +95,17 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
 
 def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[nn.Parameter]:
     """Expert parallel over parallel_dims' ep mesh, then FSDP of each MoE layer's experts over the data-parallel
-    ranks outside the expert group (dp_shard_mod_ep, and dp_replicate as HSDP), as their own units. Returns the
-    experts' parameters that no FSDP unit reduces (no such ranks), which the model's FSDP must leave alone.
-
-    Every token of the batch reaches its experts over the all-to-all, so an expert's gradient already sums the
-    expert group's ranks; it is divided by all data-parallel ranks (dp_replicate x dp_shard x cp), as the
-    averaging FSDP does for the replicated weights."""
+    ranks outside the expert group (dp_shard_mod_ep, and dp_replicate as HSDP), as their own units, which average
+    the experts' gradients over those ranks as FSDP does every other gradient. Returns the experts' parameters no
+    FSDP unit holds (no such ranks), which the model's FSDP must leave alone."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not parallel_dims.ep_enabled or not layers:
         return set()
     apply_expert_parallel(model, parallel_dims.submesh("ep"))
-    dp_ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard * parallel_dims.cp
     names = [n for n in ("dp_replicate", "dp_shard_mod_ep") if n in parallel_dims.world_mesh.mesh_dim_names]
     if not names:
-        ignored = {p for moe in layers for p in moe.experts.parameters()}
-        for p in ignored:
-            p.register_hook(lambda grad: grad / dp_ranks)
         logger.info(f"expert parallel {parallel_dims.ep}: experts sharded over the expert group only")
-        return ignored
+        return {p for moe in layers for p in moe.experts.parameters()}
     training = job_config.training
     mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.mixed_precision_param],
                                      reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce])
@@ -105,8 +113,5 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     for moe in layers:
         fully_shard(moe.experts, mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard_after_forward(parallel_dims, job_config))
-        moe.experts.set_gradient_divide_factor(dp_ranks)
-        # A sum and a division, not NCCL's pre-multiplied sum, which gloo lacks.
-        moe.experts.set_force_sum_reduction_for_comms(True)
     logger.info(f"expert parallel {parallel_dims.ep}: experts FSDP over {dict(zip(names, mesh.shape))}")
     return set()

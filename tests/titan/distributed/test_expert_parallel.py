@@ -1,4 +1,5 @@
-"""Expert parallel over 2 gloo ranks gives the one-process MoE layer's outputs and gradients (fp32, 1e-5), for
+"""Expert parallel over 2 gloo ranks gives the one-process MoE layer's outputs and gradients (fp32, 1e-5; the
+loss is the mean over ranks of each rank's own, as under data parallel), for
 Qwen3-MoE and DeepSeek-V3 routing, with the grouped GEMM and the per-expert loop, and comm_stats counts its
 all-to-all bytes. One 2-rank job (this module's __main__) runs every case; the tests read what it saved."""
 
@@ -46,9 +47,10 @@ def _case(name: str, grouped: bool) -> dict:
     x_RTD = torch.randn(2, TOKENS, DIM, generator=torch.Generator().manual_seed(1))
     g_RTD = torch.randn(2, TOKENS, DIM, generator=torch.Generator().manual_seed(2))
     reference = _layer(name, grouped)
+    # The loss: each rank's own sum, averaged over the ranks as data parallel averages gradients.
     x = x_RTD.clone().requires_grad_()
     want = reference(x)
-    (want * g_RTD).sum().backward()
+    ((want * g_RTD).sum() / 2).backward()
     want_stats = expert_load_step(reference)
 
     moe = _layer(name, grouped)
@@ -61,8 +63,9 @@ def _case(name: str, grouped: bool) -> dict:
     grads = {}
     for pname, p in moe.named_parameters():
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        if not hasattr(p, "full_tensor"):  # replicated: data parallel sums the ranks' gradients
+        if not hasattr(p, "full_tensor"):  # replicated: data parallel averages the ranks' gradients
             dist.all_reduce(grad)
+            grad /= 2
         grads[pname] = (grad, dict(reference.named_parameters())[pname].grad)
     # Bytes: the larger of input and output per call. The counts (8 int64), then four token exchanges, each with
     # this rank's TOKENS * k copies on one side and the copies its 4 experts receive on the other.
@@ -70,7 +73,7 @@ def _case(name: str, grouped: bool) -> dict:
     received = int(torch.bincount(experts_NK.flatten(), minlength=8).view(2, 4)[rank].sum())
     rows = max(TOKENS * moe.args.top_k, received)
     a2a = [v for (kind, _), v in stats.table().items() if kind == "all_to_all"]
-    return {"out": (got.detach(), want[rank].detach()), "x_grad": (xr.grad, x.grad[rank]), "grads": grads,
+    return {"out": (got.detach(), want[rank].detach()), "x_grad": (xr.grad / 2, x.grad[rank]), "grads": grads,
             "local_shape": tuple(moe.experts.w1.to_local().shape),
             "stats": ({k: v.item() for k, v in expert_load_step(moe, group=mesh.get_group()).items()},
                       {k: v.item() for k, v in want_stats.items()}),

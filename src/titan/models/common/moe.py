@@ -193,6 +193,8 @@ class MoE(nn.Module):
                                if args.num_shared_experts else None)
         # Routed token copies per expert since the last expert_load_step: the balancing bias and the metrics read it.
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
+        self.aux_loss_scale = 1.0
+        """The trainer sets 1 / gradient-accumulation steps, the scale of each micro-batch's loss."""
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
@@ -212,7 +214,8 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
-            out_TD = _AuxLossGrad.apply(out_TD, self.args.aux_loss_coef * load_balancing_loss(scores_TE, experts_TK))
+            coef = self.args.aux_loss_coef * self.aux_loss_scale
+            out_TD = _AuxLossGrad.apply(out_TD, coef * load_balancing_loss(scores_TE, experts_TK))
         return out_TD.view_as(x_BTD)
 
     def init_weights(self, init_std: float) -> None:
@@ -220,7 +223,14 @@ class MoE(nn.Module):
         self.experts.init_weights(init_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(init_std)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """Zeroes what no checkpoint holds (after `to_empty`): the token counts, and the selection bias of softmax
+        routing, which has none."""
         self.tokens_per_expert.zero_()
+        if self.args.score_func == "softmax":
+            self.router.expert_bias.zero_()
 
 
 @torch.no_grad()

@@ -142,6 +142,8 @@ class Transformer(nn.Module):
     def init_buffers(self, buffer_device: torch.device | None = None) -> None:
         with torch.device(buffer_device or self.rope_cache.device):
             self.rope_cache = self._rope_cache()
+        for moe in (m for m in self.modules() if isinstance(m, MoE)):
+            moe.init_buffers()
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initializes parameters and the RoPE table in place (after `to_empty` from the meta device)."""

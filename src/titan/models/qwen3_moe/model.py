@@ -60,6 +60,11 @@ class Qwen3MoeDecoder(Decoder):
             if args.is_moe_layer(int(i)):
                 block.feed_forward = MoE(args.dim, args.moe_args)
 
+    def init_buffers(self, buffer_device=None) -> None:
+        super().init_buffers(buffer_device)
+        for moe in (m for m in self.modules() if isinstance(m, MoE)):
+            moe.init_buffers()
+
 
 def active_params(model: Qwen3MoeDecoder) -> int:
     """Parameters one token uses: all but the routed experts it does not reach (k of E per MoE layer)."""
