@@ -8,9 +8,10 @@ Layer: bf16, forward + backward, 16,384 tokens of dim 4096 through 64 experts to
 Expert parallel: one rank per visible GPU (NCCL), EP over all of them, the same layer's experts split over the
 ranks; it times the layer with EP and the two all-to-alls alone, reporting their bytes per rank. With one GPU the
 all-to-all stays on the device (EP 1): the figure is the dispatch's own overhead, not a link's bandwidth.
-`--dry-run`: the CPU, gloo, 2 ranks, tiny shapes, fp32. benchmarks/gpu_check.sh runs it first with its own
-arguments (unless --part picks parts): it reads --dry-run and leaves the others, and prints its table to the
-console, since gpu_check's folder holds as many files as travel back from the GPU machine.
+`--dry-run`: the CPU, gloo, 2 ranks, tiny shapes, fp32. benchmarks/gpu_check.sh runs it first with `--if-gpu`
+and its own arguments (unless --part picks parts): it reads --dry-run and leaves the others, prints its table to
+the console (gpu_check's folder holds as many files as travel back from the GPU machine), and leaves the refusal
+without a GPU to gpu_check.
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="the CPU, gloo, 2 ranks, tiny shapes")
     p.add_argument("--out", help="write the records as JSON here")
+    p.add_argument("--if-gpu", action="store_true", help="without a GPU (and --dry-run), do nothing and exit 0")
     a, _ = p.parse_known_args(argv)
+    if a.if_gpu and not a.dry_run and not torch.cuda.is_available():
+        return 0
     if not a.dry_run and not torch.cuda.is_available():
         print("error: benchmarks/gpu_moe.py needs a CUDA GPU and torch sees none; --dry-run runs it on the CPU",
               file=sys.stderr)
