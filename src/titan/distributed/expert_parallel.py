@@ -99,7 +99,7 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     the experts' gradients over those ranks as FSDP does every other gradient. Returns the experts' parameters no
     FSDP unit holds (no such ranks), which the model's FSDP must leave alone."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not parallel_dims.ep_enabled or not layers:
+    if not layers or not parallel_dims.ep_enabled:
         return set()
     apply_expert_parallel(model, parallel_dims.submesh("ep"))
     names = [n for n in ("dp_replicate", "dp_shard_mod_ep") if n in parallel_dims.world_mesh.mesh_dim_names]
