@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from titan.models.common.decoder import FeedForward
+from titan.models.common.decoder import Decoder, FeedForward
 from titan.models.common.mla import MLA, MLAArgs
 from titan.models.common.moe import MoE, MoEArgs
 from titan.models.common.rope import YaRN, yarn_rope_cache
@@ -122,13 +122,12 @@ class TransformerBlock(nn.Module):
         (self.feed_forward if self.moe is None else self.moe).init_weights(self.init_std)
 
 
-class Transformer(nn.Module):
-    pipeline_first_modules = ("tok_embeddings",)
-    pipeline_last_modules = ("norm", "output")
-    context_parallel_buffers = ("rope_cache",)
+class Transformer(Decoder):
+    """The toolkit's Decoder (its forward, init and pipeline/context-parallel hooks) over DeepSeek-V3 blocks and a
+    YaRN table of the rotary head dims."""
 
     def __init__(self, args: ModelArgs):
-        super().__init__()
+        nn.Module.__init__(self)  # not Decoder's: its blocks are GQA ones
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
@@ -144,29 +143,6 @@ class Transformer(nn.Module):
             self.rope_cache = self._rope_cache()
         for moe in (m for m in self.modules() if isinstance(m, MoE)):
             moe.init_buffers()
-
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        """Initializes parameters and the RoPE table in place (after `to_empty` from the meta device)."""
-        self.init_buffers(buffer_device)
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight)
-        for block in self.layers.values():
-            if block is not None:
-                block.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            std = self.args.dim**-0.5
-            nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
-
-    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> logits (B, T, vocab); stages of a pipeline drop the parts they do not own."""
-        h = self.tok_embeddings(tokens_BT) if self.tok_embeddings is not None else tokens_BT
-        for block in self.layers.values():
-            h = block(h, self.rope_cache)
-        if self.norm is None:
-            return h
-        return self.output(self.norm(h))
 
 
 def flops_per_token(model: Transformer, args: ModelArgs, seq_len: int) -> float:
