@@ -40,7 +40,7 @@ from titan.distributed.utils import (
     replicated_value,
 )
 from titan.models import get_model_spec
-from titan.models.common.moe import MoE, expert_load_step
+from titan.models.common.moe import expert_load_values, set_aux_loss_scale
 from titan.protocols.model_spec import ModelSpec
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
@@ -85,8 +85,7 @@ class Trainer:
         dp = self.parallel_dims.dp_degree
         self.global_batch_size, self.grad_accum_steps = batch_layout(job_config.training, dp)
         self._build_model_parts(initial_state_dict, world_size)
-        for moe in (m for part in self.model_parts for m in part.modules() if isinstance(m, MoE)):
-            moe.aux_loss_scale = 1 / self.grad_accum_steps  # the balance loss scales as the loss does
+        set_aux_loss_scale(self.model_parts, 1 / self.grad_accum_steps)
         self.optimizers = [build_optimizer(part, job_config.optimizer) for part in self.model_parts]
         self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, job_config.training.steps)
                               for opt in self.optimizers]
@@ -206,14 +205,11 @@ class Trainer:
         if self.config.float8.enable_fsdp_float8_all_gather:
             for part in self.model_parts:
                 precompute_float8_scales(part)
-        # MoE layers: routed-token counts summed over the data-parallel ranks, balancing biases moved.
-        dp = self.parallel_dims.submesh("dp_cp")
-        moe = {k: v for part in self.model_parts
-               for k, v in expert_load_step(part, dp.get_group() if dp is not None else None).items()}
-        moe_values = torch.stack(list(moe.values())).double() if moe else reduced.new_zeros(0, dtype=torch.float64)
-        device_values = torch.cat([moe_values, reduced.double(),
-                                   grad_norm.reshape(1).double(), self.nonfinite.state.double()])
-        return {"tokens": tokens, "names": names, "moe_names": list(moe), "device_values": device_values}
+        dp = self.parallel_dims.submesh("dp_cp")  # MoE: token counts summed over it, balancing biases moved
+        moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None)
+        device_values = torch.cat([moe_values.to(self.device), reduced.double(), grad_norm.reshape(1).double(),
+                                   self.nonfinite.state.double()])
+        return {"tokens": tokens, "names": names, "moe_names": moe_names, "device_values": device_values}
 
     def read_step(self, out: dict[str, Any]) -> dict[str, Any]:
         """The step's values on the host (its one device sync), the non-finite policy applied: loss, grad_norm,

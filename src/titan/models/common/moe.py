@@ -253,3 +253,17 @@ def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
     mean_L = counts_LE.mean(dim=1).clamp(min=1)
     return {"moe_tokens_min": counts_LE.min(), "moe_tokens_max": counts_LE.max(),
             "moe_imbalance": (counts_LE.max(dim=1).values / mean_L).max()}
+
+
+def expert_load_values(parts: list[nn.Module], group=None) -> tuple[list[str], torch.Tensor]:
+    """expert_load_step over a model's parts: the metric names and their values as one float64 device tensor
+    (empty without MoE layers)."""
+    stats = {k: v for part in parts for k, v in expert_load_step(part, group).items()}
+    values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
+    return list(stats), values
+
+
+def set_aux_loss_scale(parts: list[nn.Module], scale: float) -> None:
+    """Scales every MoE layer's balance loss as the trainer scales each micro-batch's loss."""
+    for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
+        moe.aux_loss_scale = scale
