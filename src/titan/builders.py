@@ -1,7 +1,8 @@
 """What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
 
-The model parts come about as DESIGN prescribes: built on the meta device, split into pipeline stages,
-parallelized (TP -> CP -> AC -> compile -> FSDP), then materialized with `to_empty` and initialized.
+The model parts are built on the meta device, split into pipeline stages, parallelized in the fixed order of
+docs/architecture.md (float8 -> TP -> AC -> compile -> FSDP; CP wraps each step), then materialized with
+`to_empty` and initialized.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
+from titan.components.checkpoint import CheckpointManager, complete_steps, load_full_model_state_dict
 from titan.components.checkpoint.initial_load import initial_checkpoint, initial_state_dict, load_initial_checkpoint
 from titan.components.metrics.throughput import cpu_has_bf16_units
 from titan.config import JobConfig
@@ -38,6 +40,33 @@ FULL_INIT_MAX_PARAMS = 2_000_000_000
 def check_dump_folder_writable(folder: str) -> None:
     """Fails before anything is written when the dump folder cannot be created or written."""
     check_writable(folder, "job.dump_folder", "pass --job.dump_folder with a writable path")
+
+
+def check_outputs_are_ours(cfg: JobConfig) -> None:
+    """A new run (nothing to resume) never writes into another run's outputs: with metrics.jsonl or tensorboard
+    files already in job.dump_folder it stops in one line, unless job.overwrite, which removes them first. A run
+    that resumes from its checkpoint keeps appending. Checked by the launching rank 0 (the one writing metrics)."""
+    writes_metrics = cfg.metrics.enable_jsonl or cfg.metrics.enable_tensorboard
+    if int(os.environ.get("RANK", "0")) != 0 or cfg.checkpoint.create_seed_checkpoint or not writes_metrics:
+        return
+    folder = Path(cfg.dump_folder)
+    if cfg.checkpoint.enable and complete_steps(folder / cfg.checkpoint.folder):
+        return
+    metrics, tb = folder / "metrics.jsonl", folder / cfg.metrics.save_tb_folder
+    found = [p for p in (metrics, tb) if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir()))]
+    if not found:
+        return
+    if cfg.job.overwrite:
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        logger.info(f"job.overwrite: removed the previous run's {', '.join(p.name for p in found)} from {folder}")
+        return
+    raise UserError(f"job.dump_folder {folder} holds another run's {' and '.join(p.name for p in found)} and no "
+                    "checkpoint to resume from; pass --job.dump_folder with a new folder, or --job.overwrite to "
+                    "replace that run's metrics")
 
 
 def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> ParallelDims:
@@ -181,8 +210,8 @@ def materialize(parts: list[nn.Module], device: torch.device, initial_state_dict
 
 
 def warn_if_bf16_is_slow(device: torch.device, cfg: JobConfig) -> None:
-    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls: 10-50x slower
-    than float32 there (13x measured on an AVX2 EPYC), so the default precision would make every run crawl."""
+    """bf16 autocast on a CPU without bf16 units (no AVX512-BF16, no AMX) emulates its matmuls, many times slower
+    than float32 there (benchmarks/RESULTS.md), so the default precision would make every run crawl."""
     if device.type == "cpu" and cfg.training.mixed_precision_param == "bfloat16" and not cpu_has_bf16_units():
         logger.warning("training.mixed_precision_param bfloat16 on a CPU without bf16 units (no AVX512-BF16 or "
                        "AMX): its matmuls run 10-50x slower than float32 here; pass "

@@ -11,13 +11,15 @@ also start from the folder itself: `--checkpoint.initial_load_path HF_DIR --chec
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from titan.config import parse_args
+from titan.components.checkpoint import complete_steps
+from titan.config import parse_command_line
 from titan.config.dtypes import TORCH_DTYPES
 from titan.hf import save_state_dict
 from titan.models import get_model_spec
-from titan.tools.cli import UserError, check_writable, entry_point, run
+from titan.tools.cli import UserError, check_writable, entry_point, report_done, run
 from titan.trainer import Trainer
 
 
@@ -33,11 +35,15 @@ def check_target(out_dir: Path, dump_folder: str) -> None:
 
 
 def export_to_hf(argv: list[str], out_dir: Path) -> Path:
-    config = parse_args([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
+    config = parse_command_line([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
                          "--metrics.enable_tensorboard", "false"])
     if get_model_spec(config.model.name, config.model.spec).load_hf_weights is None:
         raise UserError(f"--to-hf: model {config.model.name} has no Hugging Face format")
     check_target(out_dir, config.dump_folder)
+    folder = Path(config.dump_folder) / config.checkpoint.folder
+    if not complete_steps(folder):  # before the Trainer, which would create the dump folder
+        raise UserError(f"no checkpoint to export in {folder}; give the --config and --job.dump_folder of a run "
+                        "that saved one (checkpoint.enable)")
     trainer = Trainer(config)
     if trainer.step == 0:
         raise UserError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
@@ -50,7 +56,7 @@ def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
     """A step-0 checkpoint of the folder's weights: the run's initial load, saved as a seed checkpoint."""
     if not hf_dir.is_dir():
         raise UserError(f"--from-hf {hf_dir} is not a folder; give a Hugging Face model folder")
-    config = parse_args([*argv, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
+    config = parse_command_line([*argv, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
                          "--checkpoint.initial_load_path", str(hf_dir), "--checkpoint.initial_load_in_hf",
                          "--metrics.enable_jsonl", "false", "--metrics.enable_tensorboard", "false"])
     trainer = Trainer(config)
@@ -60,6 +66,7 @@ def import_from_hf(argv: list[str], hf_dir: Path) -> Path:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    start = time.perf_counter()
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
@@ -67,7 +74,9 @@ def main(argv: list[str]) -> int:
         raise UserError("give --to-hf OUT_DIR or --from-hf HF_DIR first, then --config and overrides (see --help)")
     direction, folder, rest = argv[0], Path(argv[1]), argv[2:]
     out = export_to_hf(rest, folder) if direction == "--to-hf" else import_from_hf(rest, folder)
-    print(f"wrote {out}")
+    what = "export to Hugging Face" if direction == "--to-hf" else f"import of {folder} as a seed checkpoint"
+    files = " (config.json, safetensors)" if direction == "--to-hf" else ""
+    report_done(what, time.perf_counter() - start, "", f"{out}{files}")
     return 0
 
 

@@ -23,3 +23,6 @@ def test_python_m_lcsm_bench_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = json.loads((tmp_path / "results.json").read_text())
     assert (record["method"], record["seq_len"]) == ("lazy", 8) and record["max_abs_err"] < 1e-5
+    *_, line = proc.stdout.strip().splitlines()
+    assert line.startswith("done: 1 benchmark runs in ") and f"max error {record['max_abs_err']:.1e}" in line, line
+    assert line.endswith(f"outputs in {tmp_path} (results.json, results.png)"), line

@@ -1,6 +1,8 @@
 """The run configuration: each section refuses a value out of range in one line naming the key, and
 mothernet.members_per_cluster sets g = ceil(K / members_per_cluster) at every ensemble size."""
 
+from pathlib import Path
+
 import pytest
 
 from morphens.config import MotherNet, load_config
@@ -41,3 +43,9 @@ def test_explicit_members_must_be_tables(tmp_path):
 def test_members_per_cluster_gives_the_ceiling_of_k_over_it_else_clusters():
     assert [MotherNet(members_per_cluster=3).clusters_for(k) for k in (1, 3, 4, 7)] == [1, 1, 2, 3]
     assert MotherNet(clusters=2).clusters_for(7) == 2
+
+
+def test_configs_default_toml_is_what_a_plain_run_runs():
+    """`python -m morphens.run` with no arguments runs configs/morphens/default.toml's values, key for key."""
+    path = Path(__file__).parents[2] / "configs" / "morphens" / "default.toml"
+    assert load_config(str(path)) == load_config()

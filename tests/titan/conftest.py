@@ -20,6 +20,7 @@ TINY = [
     "--metrics.enable_tensorboard", "false",
     "--metrics.cpu_peak_tflops", "1.0",
     "--lr_scheduler.warmup_steps", "2",
+    "--validation.enable", "false",  # on in configs/titan/debug.toml, the default config; tests turn it on by name
 ]
 
 

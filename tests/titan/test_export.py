@@ -72,3 +72,10 @@ def test_a_model_without_a_hugging_face_format_is_refused(tmp_path, capsys):
     assert main(["--to-hf", str(tmp_path / "hf"), "--model.name", "hyena", "--model.spec", "lcsm.hyena",
                  "--job.dump_folder", str(tmp_path / "run")]) == 2
     assert "--to-hf: model hyena has no Hugging Face format" in error_line(capsys)
+
+
+def test_nothing_to_export_is_named_and_leaves_no_folder_behind(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["--to-hf", str(tmp_path / "hf"), *TINY, "--job.dump_folder", str(run)]) == 2
+    assert f"no checkpoint to export in {run / 'checkpoint'}" in error_line(capsys)
+    assert list(tmp_path.iterdir()) == []

@@ -1,12 +1,37 @@
-"""Bad input to `python -m titan.train`: one `error:` line on stderr, exit 2, nothing written."""
+"""`python -m titan.train`: its default config, its summary line, and bad input (one `error:` line on stderr,
+exit 2, nothing written)."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.titan.conftest import TINY as TINY_ARGS
 from tests.titan.conftest import read_metrics, run_train
+from titan.config import DEFAULT_CONFIG, parse_args, parse_command_line, to_toml
 from titan.train import main
+
+CONFIGS = Path(__file__).parents[2] / "configs" / "titan"
+
+
+def test_without_config_the_command_runs_the_debug_config():
+    assert DEFAULT_CONFIG == (CONFIGS / "debug.toml").resolve()
+    debug = parse_args(["--config", str(CONFIGS / "debug.toml")])
+    assert parse_command_line([]) == debug and to_toml(parse_command_line([])) == to_toml(debug)
+    # the file is the base the overrides apply to, and a file given replaces it
+    assert parse_command_line(["--training.steps", "7"]).validation.enable is True
+    given = parse_args(["--config", str(CONFIGS / "llama3_8b.toml")])
+    assert parse_command_line(["--config", str(CONFIGS / "llama3_8b.toml")]) == given
+
+
+def test_a_run_ends_with_one_line_saying_what_it_did(tmp_path):
+    dump = tmp_path / "o"
+    proc = run_train([*TINY_ARGS, "--training.steps", "3", "--validation.enable", "--job.dump_folder", str(dump)])
+    first, last = read_metrics(dump)[0], read_metrics(dump)[-1]
+    *_, line = proc.stdout.strip().splitlines()
+    assert line.startswith("done: 3 steps in "), line
+    assert line.endswith(f", loss {first['loss']:.2f} -> {last['loss']:.2f} (validation {last['val_loss']:.2f}), "
+                         f"outputs in {dump} (config.toml, metrics.jsonl)"), line
 
 
 def assert_clean_error(proc, fragment):

@@ -32,7 +32,7 @@ from typing import Any
 
 from titan.compat import tomllib
 from titan.config import ConfigError, parse_args
-from titan.tools.cli import UserError, entry_point
+from titan.tools.cli import UserError, entry_point, report_done
 
 RECIPES: dict[str, dict[str, str]] = {
     "baseline": {},
@@ -278,6 +278,7 @@ def compare(recipe_names: list[str], base: list[str], out: Path, steps: int = 20
 
 @entry_point
 def main(argv: list[str]) -> int:
+    start = time.perf_counter()
     parser = argparse.ArgumentParser(prog="python -m titan.compare", allow_abbrev=False, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", default="baseline,+compile",
@@ -293,10 +294,13 @@ def main(argv: list[str]) -> int:
     rows = compare([n.strip() for n in args.recipes.split(",") if n.strip()], base, Path(args.out),
                    args.steps, args.rounds, args.warmup, args.nproc, args.recipes_file, args.timeout)
     print(markdown_table(rows))
-    print(f"wrote {args.out}/results.md, results.json, results.png")
     failed = [r for r in rows if not r["ok"]]
     if failed:
         print(f"{len(failed)} of {len(rows)} recipes failed (first: {failed[0]['recipe']}: {failed[0]['error']}); "
               f"their logs are under {args.out}/runs/", file=sys.stderr)
+    best = max((r for r in rows if r["ok"] and r["speedup"] is not None), key=lambda r: r["speedup"], default=None)
+    figure = f"fastest {best['recipe']} at {best['speedup']:.2f}x the first" if best else "no recipe finished"
+    report_done(f"{len(rows)} recipes x {args.rounds} rounds", time.perf_counter() - start, figure,
+                f"{args.out} (results.md, results.json, results.png, runs/)")
     return 1 if failed else 0
 

@@ -23,6 +23,9 @@ class Job:
     """Free text saved with the run."""
     print_config: bool = False
     """Log the resolved config (as TOML) when the run starts."""
+    overwrite: bool = False
+    """Let a new run (nothing to resume) remove another run's metrics.jsonl and tensorboard files in dump_folder;
+    without it such a run stops before writing anything."""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +21,14 @@ import torch
 from titan.builders import check_dump_folder_writable
 from titan.builders import resolve_model_args as trainer_resolve_model_args
 from titan.components.metrics.throughput import gpu_peak_tflops
-from titan.config import parse_args
+from titan.config import parse_command_line
 from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
 from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
 from titan.estimate.layout import dry_run_rank, stage_ranges
 from titan.models import get_model_spec
-from titan.tools.cli import UserError, entry_point
+from titan.tools.cli import UserError, entry_point, report_done
 
 
 @dataclass
@@ -79,13 +80,24 @@ def check_layout(job_config, dims: ParallelDims, args) -> int:
     return global_batch
 
 
-def estimate(job_config, hw: Hardware) -> dict:
+@dataclass
+class Plan:
+    """What the dry run read back of a run, independent of the hardware assumptions."""
+
+    job_config: object
+    args: object
+    dims: ParallelDims
+    lay: object
+    infos: list
+    num_params: int
+    flops_per_token: float
+
+
+def plan(job_config) -> Plan:
+    """The dry run: the model on the meta device, parallelized rank by rank under a fake process group."""
     world = job_config.comm.world_size
     if world < 1:
         raise UserError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
-    peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
-    if peak_tflops is None:
-        raise UserError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
     dims = ParallelDims.from_config(job_config.parallelism, world)
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
     args = resolve_model_args(spec, job_config)
@@ -94,25 +106,35 @@ def estimate(job_config, hw: Hardware) -> dict:
     with torch.device("meta"):
         model = spec.build_model(args)
     infos = [dry_run_rank(spec, model, job_config, dims, r) for r in range(dims.pp)]
-    ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in infos]
     # The trainer's MFU numerator, so that estimated and measured MFU compare.
     num_params = sum(p.numel() for p in model.parameters())
     flops_per_token = (spec.flops_per_token(model, args, job_config.training.seq_len) if spec.flops_per_token
                        else 6.0 * num_params)
-    distinct = sum(p.distinct_params for info in infos for p in info.parts)
+    return Plan(job_config, args, dims, lay, infos, num_params, flops_per_token)
+
+
+def estimate(job_config, hw: Hardware, planned: Plan | None = None) -> dict:
+    """The report of `job_config` under the assumptions `hw`; `planned`: its dry run, if already done."""
+    peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
+    if peak_tflops is None:
+        raise UserError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
+    p = planned or plan(job_config)
+    lay, dims = p.lay, p.dims
+    ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in p.infos]
+    distinct = sum(part.distinct_params for info in p.infos for part in info.parts)
     return {
         "model": f"{job_config.model.name}/{job_config.model.flavor}",
-        "num_params": num_params,
+        "num_params": p.num_params,
         "params_over_all_shards": distinct,
-        "flops_per_token": flops_per_token,
-        "layout": {"world_size": world, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
+        "flops_per_token": p.flops_per_token,
+        "layout": {"world_size": dims.world_size, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
                    "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "schedule": lay.schedule,
                    "stages": dims.pp * stages_per_rank(lay.schedule), "microbatches": lay.microbatches,
                    "microbatch_seqs": lay.microbatch_seqs, "grad_accum_steps": lay.accum,
                    "seq_len": lay.seq_len, "ac": job_config.activation_checkpoint.mode},
         "hardware": dataclasses.asdict(hw) | {"peak_tflops": peak_tflops},
         "ranks": ranks,
-        "step": step_estimate(lay, ranks, peak_tflops * 1e12, flops_per_token),
+        "step": step_estimate(lay, ranks, peak_tflops * 1e12, p.flops_per_token),
     }
 
 
@@ -166,6 +188,7 @@ def help_text() -> str:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    start = time.perf_counter()
     # ParallelDims.submesh slices flattened dims, which torch warns about once per mesh; the training run logs
     # it too, and here it would interleave with the table.
     warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
@@ -173,13 +196,16 @@ def main(argv: list[str]) -> int:
         print(help_text())
         return 0
     rest, hw = split_args(argv)
-    job_config = parse_args(rest)
+    job_config = parse_command_line(rest)
     check_dump_folder_writable(job_config.dump_folder)
     report = estimate(job_config, hw)
     print(format_report(report))
     out = Path(job_config.dump_folder, "estimate.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
+    step, peak = report["step"], max(r["memory_gib"] for r in report["ranks"])
+    report_done(f"dry run of {report['model']} on {report['layout']['world_size']} ranks", time.perf_counter() - start,
+                f"estimated step {step['step_s']:.3g} s, {step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                f"peak {peak:.1f} GiB per rank", str(out))
     return 0
 

@@ -53,7 +53,7 @@ def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None
 def estimated_peak_bytes_in_child(job_config, world_size: int) -> dict[str, float] | None:
     """`estimated_peak_bytes` in a forked child: the dry run meshes a fake process group, and DeviceMesh keeps
     state of it that breaks this process's real mesh later (DCP then saved one shard of two). The estimate
-    itself is ~0.2 s on the meta device; fork copies the imported modules, so no import is paid again."""
+    itself is cheap (on the meta device); fork copies the imported modules, so no import is paid again."""
     if not hasattr(os, "fork"):
         return estimated_peak_bytes(job_config, world_size) if world_size == 1 else None
     read_fd, write_fd = os.pipe()

@@ -9,7 +9,7 @@ saves them anyway).
 Scales are rounded down to powers of two: dequantized float8 values are then exact in bf16, so the
 emulation (dequantize, matmul in the compute dtype) equals `torch._scaled_mm` up to summation order.
 `_scaled_mm` runs where it is fast (CUDA sm89+, sm90+ for rowwise); elsewhere, e.g. on the CPU where it
-exists but is 6-7x slower than a bf16 matmul, and for rowwise under tensor parallel, we emulate. Tensorwise
+exists but is several times slower than a bf16 matmul, and for rowwise under tensor parallel, we emulate. Tensorwise
 under TP calls `_scaled_mm` on the DTensors (torch shards it, with the scales replicated).
 
 With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight), with tensor parallel

@@ -72,6 +72,23 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def duration(seconds: float) -> str:
+    """`45.3s`, `2m15s`, `1h02m`: a command's time as its summary line gives it."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def report_done(what: str, seconds: float, figure: str, outputs: str) -> str:
+    """Prints, on rank 0, a command's last line: `done: <what ran> in <time>, <headline figure>, outputs in
+    <where>`, and returns it."""
+    line = f"done: {what} in {duration(seconds)}{', ' + figure if figure else ''}, outputs in {outputs}"
+    if _is_rank_zero():
+        print(line, flush=True)
+    return line
+
+
 def entry_point(fn: Callable[[list[str]], int]) -> Callable[[list[str] | None], int]:
     """Applies the exit contract to a command's `main(argv)`; a bug's exception propagates to the caller."""
 

@@ -66,6 +66,9 @@ def test_cli_generates_with_every_engine():
     proc = run_module("lcsm.generate", ["--engine", "all", "--max-new-tokens", "4"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokens identical across lazy, eager, recompute, flash: True" in proc.stdout
+    *_, line = proc.stdout.strip().splitlines()
+    assert line.startswith("done: 4 tokens with lazy, eager, recompute, flash in ") and "flash " in line, line
+    assert line.endswith("ms/token, identical: True, outputs in the text above (no files)"), line
 
 
 class Payload:
@@ -86,7 +89,7 @@ def test_a_crafted_checkpoint_metadata_is_refused_not_executed(tmp_path, capsys,
     config = os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "lcsm", "hyena_debug.toml")
     assert main(["--config", config, "--checkpoint", str(step), "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "posix.system, which is not allowed" in err[0]
+    assert len(err) == 1 and "its .metadata refers to posix.system" in err[0] and str(step) in err[0]
     assert not (tmp_path / "PWNED_BY_METADATA").exists()
 
 

@@ -55,12 +55,13 @@ def test_recipe_names_stack_and_come_from_files(tmp_path):
     assert compare.main(["--recipes", "+nosuch", "--out", str(tmp_path / "out")]) == 2
 
 
-def test_compare_cli_runs_compile_with_selective_ac_at_eager_losses(tmp_path, monkeypatch):
+def test_compare_cli_runs_compile_with_selective_ac_at_eager_losses(tmp_path, monkeypatch, capsys):
     """The one compile test (2 layers, fp32): the harness's table for two recipes on the debug model."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "cmp"
     code = compare.main(["--recipes", "baseline,+compile+selective_ac", "--steps", "4", "--rounds", "1",
                          "--warmup", "1", "--out", str(out), *TINY])
+    *_, line = capsys.readouterr().out.strip().splitlines()
     rows = json.loads((out / "results.json").read_text())["recipes"]
     assert code == 0, rows
     assert [r["recipe"] for r in rows] == ["baseline", "+compile+selective_ac"]
@@ -78,6 +79,10 @@ def test_compare_cli_runs_compile_with_selective_ac_at_eager_losses(tmp_path, mo
     table = (out / "results.md").read_text().splitlines()
     assert any(line.startswith("| +compile+selective_ac | ") and line.endswith(f"| {compiled['speedup']:.2f}x |")
                for line in table), table
+    fastest = max(rows, key=lambda r: r["speedup"])
+    assert line.startswith("done: 2 recipes x 1 rounds in ") and line.endswith(
+        f", fastest {fastest['recipe']} at {fastest['speedup']:.2f}x the first, outputs in {out} (results.md, "
+        "results.json, results.png, runs/)"), line
 
 
 def test_a_misspelt_base_override_stops_before_any_run(tmp_path, capsys, monkeypatch):

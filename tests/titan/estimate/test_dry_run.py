@@ -116,6 +116,10 @@ def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     assert [len(first["layers"][0]), len(last["layers"][0])] == [15, 15]
     assert {c["group"] for c in first["collectives"]} == {"tp", "pp", "fsdp"}
     assert "tokens/s/GPU" in proc.stdout
+    *_, line = proc.stdout.strip().splitlines()
+    peak = max(r["memory_gib"] for r in report["ranks"])
+    assert line.startswith("done: dry run of llama3/405B on 512 ranks in ") and f"peak {peak:.1f} GiB" in line, line
+    assert line.endswith(f"outputs in {tmp_path / 'estimate.json'}"), line
 
 
 def test_qwen3_32b_on_64_fake_ranks(tmp_path):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from titan.tools.cli import Interrupted, UserError, entry_point
+from titan.tools.cli import Interrupted, UserError, duration, entry_point, report_done
 
 
 @entry_point
@@ -70,3 +70,16 @@ def test_argparse_exits_keep_their_code_and_no_traceback(tmp_path, body, code, e
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == code and "Traceback" not in proc.stderr
     assert err in proc.stderr
+
+
+@pytest.mark.parametrize("seconds, text", [(4.26, "4.3s"), (59.9, "59.9s"), (135, "2m15s"), (3725, "1h02m")])
+def test_a_duration_reads_as_minutes_and_seconds(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_the_summary_line_is_printed_by_rank_zero_only(capsys, monkeypatch):
+    line = "done: 300 steps in 2m15s, loss 8.83 -> 5.76, outputs in outputs/debug (metrics.jsonl)"
+    assert report_done("300 steps", 135, "loss 8.83 -> 5.76", "outputs/debug (metrics.jsonl)") == line
+    monkeypatch.setenv("RANK", "1")
+    report_done("300 steps", 135, "", "outputs/debug")
+    assert capsys.readouterr().out == line + "\n"

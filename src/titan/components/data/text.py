@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from titan.components.data.tokenizer import Tokenizer, cache_dir
+from titan.tools.agreement import built_once
 from titan.tools.cli import UserError
 
 TEXT_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
@@ -52,6 +52,24 @@ def _local_files(dataset_path: str) -> list[Path]:
     return files
 
 
+def _check_json_file(path: Path) -> None:
+    """An empty file, or a .jsonl whose first line is not JSON (e.g. binary), named with the line, before datasets
+    reports it as StopIteration or DatasetGenerationError."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    json.loads(line.decode("utf-8"))
+                except ValueError as e:  # UnicodeDecodeError included
+                    reason = str(e).splitlines()[0][:120]
+                    raise UserError(f"training.dataset_path: {path} is not JSON lines (line {number}: {reason}); "
+                                    "give one JSON object per line, UTF-8") from None
+            return
+    raise UserError(f"training.dataset_path: {path} is empty; remove it or fill it with documents")
+
+
 def corpus_id(training) -> str:
     """A key that changes when the documents could have changed (used for caches)."""
     files = _local_files(training.dataset_path) if training.dataset_path else [wiki_corpus_path()]
@@ -69,6 +87,9 @@ def load_documents(training) -> list[str]:
         if len(builders) > 1:
             raise UserError(f"training.dataset_path mixes file types {sorted(builders)}; use one type per run")
         (builder,) = builders
+        if builder == "json":
+            for path in files:
+                _check_json_file(path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         try:
             ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
@@ -111,22 +132,21 @@ def _rank() -> int:
 
 
 def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: str) -> np.ndarray:
-    """One int32 stream of BOS doc EOS BOS doc EOS ..., cached on disk (rank 0 writes, others wait)."""
+    """One int32 stream of BOS doc EOS BOS doc EOS ..., cached on disk: built once per cache folder (each node's
+    own, or a TITAN_CACHE_DIR the nodes share), and a failure on any rank stops every rank in the same line."""
     key = hashlib.sha1(f"{corpus_id(training)}|{tokenizer_id}|{training.validation_fraction}|{split}".encode())
-    path = cache_dir() / f"tokens-{key.hexdigest()[:16]}.npy"
-    if _rank() == 0 and not path.is_file():
+
+    def build(tmp: Path) -> None:
         docs = split_documents(load_documents(training), training.validation_fraction, split)
         if not docs:
             raise UserError(f"no documents in the {split} split; lower training.validation_fraction")
         ids = np.fromiter(
             (t for doc in tokenizer.encode_batch(docs, bos=True, eos=True) for t in doc), dtype=np.int32
         )
-        tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
         np.save(tmp, ids)
-        os.replace(tmp, path)
-    if dist.is_initialized():
-        dist.barrier()
-    return np.load(path, mmap_mode="r")
+
+    path = built_once(cache_dir, f"tokens-{key.hexdigest()[:16]}.npy", build)
+    return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def check_seq_len(state: dict[str, Any], seq_len: int) -> None:

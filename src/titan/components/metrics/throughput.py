@@ -14,6 +14,7 @@ from time import perf_counter
 import torch
 
 from titan.components.data.tokenizer import cache_dir
+from titan.tools.agreement import locked
 
 # Dense bf16/fp16 peak TFLOP/s (no sparsity) by device-name fragment, most specific first.
 GPU_PEAK_BF16_TFLOPS = [
@@ -42,7 +43,7 @@ def _cpu_name() -> str:
 
 CPU_PEAK_SIZES = (256, 1024, 2048, 3072)
 """Square matmul sizes of a CPU peak measurement (AMX peaks between 1024 and 4096; bf16 on a CPU without bf16
-units is emulated, ~10x slower than fp32, and stops after the small ones, see the time budget)."""
+units is emulated, far slower than fp32, and stops after the small ones, see the time budget)."""
 
 
 def measure_matmul_peak_tflops(device: torch.device | str = "cpu", sizes: tuple[int, ...] = CPU_PEAK_SIZES,
@@ -84,7 +85,7 @@ def cpu_peak_tflops(dtype: torch.dtype = torch.bfloat16) -> float:
     """The best `dtype` matmul rate this CPU model and thread count has shown: measured once per process, thread
     count and dtype, and the cache keeps the maximum over runs, so a measurement taken while other jobs load the
     machine (too low, which would inflate MFU) gives way to the next better one. The dtype is the run's compute
-    dtype: an fp32 run measured against a bf16 peak showed 250% MFU on a CPU that emulates bf16."""
+    dtype: on a CPU that emulates bf16, an fp32 run measured against the bf16 peak would read far above 100%."""
     return _best_cpu_peak_tflops(cpu_peak_key(dtype), dtype)
 
 
@@ -97,18 +98,18 @@ def cpu_peak_key(dtype: torch.dtype = torch.bfloat16) -> str:
 @functools.cache
 def _best_cpu_peak_tflops(key: str, dtype: torch.dtype) -> float:
     path = cache_dir() / "cpu_peak_tflops.json"
-    table = {}
-    if path.is_file():
+    measured = max(measure_matmul_peak_tflops(dtype=dtype).values())
+    with locked(path.parent):  # ranks of one job, and jobs sharing the folder, merge their figures in turn
         try:
-            table = json.loads(path.read_text())
+            table = json.loads(path.read_text()) if path.is_file() else {}
         except ValueError:
             table = {}
-    measured = max(measure_matmul_peak_tflops(dtype=dtype).values())
-    if measured > table.get(key, 0.0):
-        table[key] = measured
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # ranks of one job may write at once
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+        table = table if isinstance(table, dict) else {}
+        if measured > table.get(key, 0.0):
+            table[key] = measured
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)
     return float(table[key])
 
 
@@ -121,8 +122,8 @@ def device_peak_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16
                        configured_cpu_peak: float = 0.0) -> float | None:
     """The peak MFU divides by, in the run's compute dtype; None (MFU n/a) for a GPU not in the table, for fp32
     on a GPU (its peak depends on TF32 settings the table does not know), and for half precision on a CPU that
-    emulates it: the emulation speeds up with size past what the time budget measures (a bf16 debug run showed
-    245% of its measured peak), so no measured figure is a peak."""
+    emulates it: the emulation speeds up with size past what the time budget measures (a debug run read well
+    above 100%), so no measured figure is a peak."""
     if device.type == "cuda":
         return gpu_peak_tflops(torch.cuda.get_device_name(device)) if dtype != torch.float32 else None
     if configured_cpu_peak:

@@ -82,7 +82,8 @@ def test_checkpoint_to_hf_and_back_is_exact(tmp_path):
     run_train([*run, "--job.dump_folder", str(tmp_path / "a")])
     proc = run_train(["--to-hf", str(tmp_path / "hf"), *run, "--job.dump_folder", str(tmp_path / "a")],
                      module="titan.export")
-    assert proc.stdout.splitlines()[-1] == f"wrote {tmp_path / 'hf'}"
+    assert proc.stdout.splitlines()[-1].startswith("done: export to Hugging Face in ")
+    assert proc.stdout.splitlines()[-1].endswith(f", outputs in {tmp_path / 'hf'} (config.json, safetensors)")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["model_type"] == "llama"
     assert len(load_file(str(tmp_path / "hf" / "model.safetensors"))) == 2 * 9 + 3
