@@ -28,4 +28,5 @@ if [[ -n $missing ]]; then
     exit 2
   fi
 fi
+[[ " $* " == *" --part "* ]] || "$PYTHON" benchmarks/gpu_moe.py --if-gpu "$@" || echo "warning: gpu_moe.py failed" >&2
 exec "$PYTHON" benchmarks/gpu_check.py "$@"

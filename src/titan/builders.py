@@ -35,6 +35,7 @@ from titan.distributed.pipeline import (
 from titan.distributed.runtime import device_type
 from titan.estimate.fit import check_memory, checkpoint_bytes
 from titan.hf import read_hf_config
+from titan.models.common.moe import MoE
 from titan.protocols.model import PipelineModel
 from titan.protocols.model_spec import ModelSpec
 from titan.tools.cli import UserError, check_writable
@@ -305,6 +306,9 @@ def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: Para
     warn_if_bf16_is_slow(device, cfg)
     with torch.device("meta"):
         model = spec.build_model(model_args)
+    if pd.ep_enabled and not any(isinstance(m, MoE) for m in model.modules()):
+        raise UserError(f"parallelism.expert_parallel_degree {pd.ep} needs a model with experts; "
+                        f"{spec.name}/{cfg.model.flavor} has none: set it to 1")
     num_params = sum(p.numel() for p in model.parameters())
     flops_per_token = (spec.flops_per_token(model, model_args, cfg.training.seq_len) if spec.flops_per_token
                        else 6.0 * num_params)

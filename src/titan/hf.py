@@ -29,7 +29,8 @@ SINGLE = "model.safetensors"
 MAX_SHARD_BYTES = 5 * 1024**3
 
 # config.json model_type -> the module whose import registers its HFFamily.
-HF_MODEL_TYPES = {"llama": "titan.models.llama3", "qwen3": "titan.models.qwen3"}
+HF_MODEL_TYPES = {"llama": "titan.models.llama3", "qwen3": "titan.models.qwen3", "qwen3_moe": "titan.models.qwen3_moe",
+                  "deepseek_v3": "titan.models.deepseek_v3"}
 
 
 @dataclass(frozen=True)

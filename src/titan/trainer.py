@@ -33,6 +33,7 @@ from titan.distributed.comm_stats import counted_step
 from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
 from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
+from titan.models.common.moe import expert_load_values, set_aux_loss_scale
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
@@ -76,6 +77,7 @@ class Trainer:
         self.model_args = resolve_model_args(self.spec, job_config, inputs.model_args, self.tokenizer)
         dp = self.parallel_dims.dp_degree
         self._build_model_parts(inputs.initial_state_dict, world_size)
+        set_aux_loss_scale(self.model_parts, 1 / self.grad_accum_steps)
         self.optimizers = [build_optimizer(part, job_config.optimizer) for part in self.model_parts]
         self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, job_config.training.steps)
                               for opt in self.optimizers]
@@ -168,19 +170,23 @@ class Trainer:
         if self.config.float8.enable_fsdp_float8_all_gather:
             for part in self.model_parts:
                 precompute_float8_scales(part)
-        device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
-        return {"tokens": tokens, "names": names, "device_values": device_values}
+        dp = self.parallel_dims.submesh("dp_cp")  # MoE: token counts summed over it, balancing biases moved
+        moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None)
+        device_values = torch.cat([moe_values.to(self.device), reduced.double(), grad_norm.reshape(1).double(),
+                                   self.nonfinite.state.double()])
+        return {"tokens": tokens, "names": names, "moe_names": moe_names, "device_values": device_values}
 
     def read_step(self, out: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """The step's values on the host (its one device sync), the non-finite policy applied: (loss, grad_norm,
         extra metrics and tokens; the stop signal every rank agrees on, 0 for none)."""
         names, host = out["names"], out["device_values"].tolist()
+        moe, host = dict(zip(out["moe_names"], host)), host[len(out["moe_names"]):]
         values, grad_norm = host[:len(names) + 1], host[-5]
         flags, state = host[len(names) + 1:-5], host[-4:]
         self.nonfinite.check(state, self.step, values[0], grad_norm)
         # What the step gave on the host already (tokens, metrics.comm_stats' bytes) passes through.
-        given = {k: v for k, v in out.items() if k not in ("names", "device_values")}
-        return ({"loss": values[0], "grad_norm": grad_norm, **given, **dict(zip(names, values[1:]))},
+        given = {k: v for k, v in out.items() if k not in ("names", "moe_names", "device_values")}
+        return ({"loss": values[0], "grad_norm": grad_norm, **given, **dict(zip(names, values[1:])), **moe},
                 self.stop_signals.agreed(flags))
 
     def save_checkpoint(self, last: bool = False) -> None:

@@ -146,7 +146,8 @@ def test_load_casts_to_the_dtype_asked_for(tmp_path):
 
 def test_a_model_type_titan_lacks_is_one_line_naming_those_it_has(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
-    with pytest.raises(UserError, match=r"model_type 'mamba' is not supported; titan reads llama, qwen3"):
+    with pytest.raises(UserError, match=r"model_type 'mamba' is not supported; titan reads deepseek_v3, llama, "
+                                        r"qwen3, qwen3_moe"):
         titan.hf.load(tmp_path)
 
 

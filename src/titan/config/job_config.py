@@ -143,6 +143,9 @@ class Parallelism:
     """Explicit stage boundaries as module names, e.g. ["layers.4", "layers.8"] (overrides layers_per_stage)."""
     context_parallel_degree: int = 1
     """Context (sequence) parallel degree for attention."""
+    expert_parallel_degree: int = 1
+    """Expert parallel degree for MoE models: each layer's routed experts split over this many ranks, borrowed
+    from data_parallel_shard_degree x context_parallel_degree (a multiple of the latter that divides the product)."""
     enable_loss_parallel: bool = True
     """With TP: compute the loss on vocabulary-sharded logits."""
     enable_async_tensor_parallel: bool = False
@@ -155,6 +158,7 @@ class Parallelism:
             tensor_parallel_degree=self.tensor_parallel_degree,
             pipeline_parallel_degree=self.pipeline_parallel_degree,
             context_parallel_degree=self.context_parallel_degree,
+            expert_parallel_degree=self.expert_parallel_degree,
             pipeline_parallel_microbatch_size=self.pipeline_parallel_microbatch_size,
         )
         non_negative("parallelism", pipeline_parallel_layers_per_stage=self.pipeline_parallel_layers_per_stage)

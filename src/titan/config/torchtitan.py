@@ -90,8 +90,7 @@ SILENT_PREFIXES = ("quantize.linear.mx.", "quantize.grouped_mm.", "fault_toleran
 REFUSED: dict[str, tuple[Any, str]] = {
     "training.dtype": ("float32", "parameters train in fp32 with training.mixed_precision_param compute; "
                                   "set training.dtype = 'float32'"),
-    "parallelism.expert_parallel_degree": (1, "Llama has no experts; set it to 1"),
-    "parallelism.expert_tensor_parallel_degree": (1, "Llama has no experts; set it to 1"),
+    "parallelism.expert_tensor_parallel_degree": (1, "experts are not tensor-parallel; set it to 1"),
     "checkpoint.initial_load_model_only": (True, "only model weights load from checkpoint.initial_load_path"),
     "checkpoint.initial_load_in_hf_quantized": (False, "quantized Hugging Face weights are not read"),
     "fault_tolerance.enable": (False, "there is no TorchFT; restart failed workers with torchrun --max-restarts"),

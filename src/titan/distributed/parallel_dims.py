@@ -13,7 +13,10 @@ from titan.tools.logging import logger
 
 @dataclass
 class ParallelDims:
-    """Degrees for pipeline, data (replicate x shard), context and tensor parallel over `world_size` ranks."""
+    """Degrees for pipeline, data (replicate x shard), context and tensor parallel over `world_size` ranks, and
+    expert parallel, which borrows ranks from data-parallel sharding and context parallel (TorchTitan's dp2ep):
+    the ep ranks of an expert group are all of cp and ep / cp of dp_shard; the experts of a layer are split over
+    them and sharded by FSDP over the rest of dp_shard (dp_shard_mod_ep)."""
 
     dp_replicate: int
     dp_shard: int
@@ -21,6 +24,7 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
+    ep: int = 1
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -37,6 +41,12 @@ class ParallelDims:
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
             raise UserError(f"data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}")
+        if self.ep < 1 or self.ep > 1 and (self.ep % self.cp or (self.dp_shard * self.cp) % self.ep):
+            raise UserError(
+                f"expert_parallel_degree {self.ep} must be a multiple of context_parallel_degree {self.cp} and "
+                f"divide data_parallel_shard_degree x context_parallel_degree = {self.dp_shard * self.cp}: expert "
+                "parallel borrows those ranks"
+            )
         product = others * self.dp_shard
         if product != self.world_size:
             raise UserError(
@@ -54,28 +64,40 @@ class ParallelDims:
             tp=parallelism.tensor_parallel_degree,
             pp=parallelism.pipeline_parallel_degree,
             world_size=world_size,
+            ep=parallelism.expert_parallel_degree,
         )
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """Builds the world mesh over the enabled dims plus flattened dp, dp_shard_cp and dp_cp views."""
-        dims = [(n, d) for n, d in (("pp", self.pp), ("dp_replicate", self.dp_replicate),
-                                    ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)) if d > 1]
+        """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp and, with expert
+        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep."""
+        dims = [(n, d) for n, d in (("pp", self.pp), ("dp_replicate", self.dp_replicate), *self._shard_dims(),
+                                    ("cp", self.cp), ("tp", self.tp)) if d > 1]
         if not dims:
             return None
         names = tuple(n for n, _ in dims)
         mesh = init_device_mesh(device_type, tuple(d for _, d in dims), mesh_dim_names=names)
-        self._flatten(mesh, ("dp_replicate", "dp_shard"), "dp")
-        self._flatten(mesh, ("dp_shard", "cp"), "dp_shard_cp")
-        self._flatten(mesh, ("dp_replicate", "dp_shard", "cp"), "dp_cp")
+        for name, parts in self._views().items():
+            present = tuple(p for p in parts if p in names)
+            if len(present) > 1:
+                mesh[present]._flatten(mesh_dim_name=name)
         logger.info(f"device mesh {dict(dims)} on {device_type}")
         self._mesh = mesh
         return mesh
 
-    @staticmethod
-    def _flatten(mesh: DeviceMesh, parts: tuple[str, ...], name: str) -> None:
-        present = tuple(p for p in parts if p in mesh.mesh_dim_names)
-        if len(present) > 1:
-            mesh[present]._flatten(mesh_dim_name=name)
+    def _shard_dims(self) -> list[tuple[str, int]]:
+        if self.ep == 1:
+            return [("dp_shard", self.dp_shard)]
+        return [("dp_shard_mod_ep", self.dp_shard * self.cp // self.ep), ("dp_shard_in_ep", self.ep // self.cp)]
+
+    def _views(self) -> dict[str, tuple[str, ...]]:
+        """Flattened mesh names -> the mesh dims they span."""
+        shard = tuple(n for n, _ in self._shard_dims())
+        views = {"dp_shard": shard} if self.ep > 1 else {}
+        views |= {"dp": ("dp_replicate", *shard), "dp_shard_cp": (*shard, "cp"),
+                  "dp_cp": ("dp_replicate", *shard, "cp")}
+        if self.ep > 1:
+            views["ep"] = ("dp_shard_in_ep", "cp")
+        return views
 
     @property
     def world_mesh(self) -> DeviceMesh:
@@ -87,11 +109,7 @@ class ParallelDims:
         """The mesh named `name`, or its only enabled part when the flattened name was not needed."""
         if self._mesh is None:
             return None
-        aliases = {
-            "dp": ("dp_replicate", "dp_shard"),
-            "dp_shard_cp": ("dp_shard", "cp"),
-            "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-        }
+        aliases = self._views()
         root = self._mesh
         names = set(root.mesh_dim_names or ())
         try:
@@ -122,6 +140,10 @@ class ParallelDims:
     @property
     def pp_enabled(self) -> bool:
         return self.pp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
 
     @property
     def cp_enabled(self) -> bool:

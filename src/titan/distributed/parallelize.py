@@ -6,7 +6,9 @@ by titan.builders), stated here and nowhere else:
 3. activation checkpointing of each block;
 4. torch.compile of each block;
 5. float8 all-gather of the FSDP-sharded weights, when asked for;
-6. FSDP/HSDP (data parallel), outermost, so it shards what the steps above produced.
+6. expert parallel (models with experts): experts sharded over the ep mesh, each MoE layer's experts their own FSDP
+   units over the data-parallel ranks outside the expert group;
+7. FSDP/HSDP (data parallel), outermost, so it shards what the steps above produced (and leaves the experts to 6).
 
 Context parallel is no module transform: the forward path (titan.components.forward) shards the sequence and the
 model's `context_parallel_buffers` around each step.
@@ -23,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from titan.distributed.activation_checkpoint import apply_ac
 from titan.distributed.compile import apply_compile
 from titan.distributed.data_parallel import apply_data_parallel
+from titan.distributed.expert_parallel import apply_moe_data_parallel
 from titan.quantization.float8 import apply_float8, enable_float8_all_gather
 from titan.tools.logging import logger
 
@@ -62,5 +65,6 @@ def parallelize(model: nn.Module, parallel_dims, job_config,
     apply_compile(model, job_config.compile)
     if job_config.float8.enable_fsdp_float8_all_gather:
         apply_float8_all_gather(model, parallel_dims)
-    apply_data_parallel(model, parallel_dims, job_config)
+    experts_alone = apply_moe_data_parallel(model, parallel_dims, job_config)
+    apply_data_parallel(model, parallel_dims, job_config, ignored_params=experts_alone)
     return model

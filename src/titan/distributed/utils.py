@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import loss_parallel
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
 def _spec_key(t: torch.Tensor):
@@ -43,7 +44,9 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float, pp_group=No
             grads = [g.to_local() for g in grads]
         group_sq = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64))) ** 2
         if key is not None:
-            summed = [Partial("sum") if pl.is_shard() else Replicate() for pl in placements]
+            # _StridedShard (FSDP over a dim TP or EP already shards) is a shard too, though not is_shard().
+            summed = [Partial("sum") if pl.is_shard() or isinstance(pl, _StridedShard) else Replicate()
+                      for pl in placements]
             group_sq = DTensor.from_local(group_sq, mesh, summed).full_tensor()
         total_sq = total_sq + group_sq.to(device)
     if pp_group is not None:

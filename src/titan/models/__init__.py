@@ -16,7 +16,8 @@ from titan.protocols.model_spec import ModelSpec
 from titan.tools.cli import UserError
 
 # name -> the module whose import registers it; imported on first use, so `import titan` stays light.
-BUILTIN_MODELS = {"llama3": "titan.models.llama3", "qwen3": "titan.models.qwen3"}
+BUILTIN_MODELS = {"llama3": "titan.models.llama3", "qwen3": "titan.models.qwen3", "qwen3_moe": "titan.models.qwen3_moe",
+                  "deepseek_v3": "titan.models.deepseek_v3"}
 
 _REGISTRY: dict[str, ModelSpec] = {}
 

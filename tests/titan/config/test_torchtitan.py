@@ -209,7 +209,7 @@ def test_a_key_without_effect_warns_once_when_it_asks_for_something(tmp_path, ca
 
 @pytest.mark.parametrize("override, key", [
     (["--training.dtype", "bfloat16"], "training.dtype"),
-    (["--parallelism.expert_parallel_degree", "2"], "parallelism.expert_parallel_degree"),
+    (["--parallelism.expert_tensor_parallel_degree", "2"], "parallelism.expert_tensor_parallel_degree"),
     (["--model.converters", "mx"], "model.converters"),
     (["--checkpoint.initial_load_model_only", "false"], "checkpoint.initial_load_model_only"),
 ])

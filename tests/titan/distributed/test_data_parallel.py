@@ -35,7 +35,7 @@ def fsdp_calls(monkeypatch):
 def test_the_mesh_fsdp_shards_over(fsdp_calls, layout, mesh):
     data_parallel.apply_data_parallel(None, dims(**layout), parse_args(["--training.mixed_precision_param", "float16"]))
     assert fsdp_calls == [(mesh, {"param_dtype": torch.float16, "reduce_dtype": torch.float32,
-                                  "reshard_after_forward": True})]
+                                  "reshard_after_forward": True, "ignored_params": None})]
 
 
 @pytest.mark.parametrize("setting, pp, reshard", [("default", 1, True), ("default", 2, False), ("always", 2, True),

@@ -39,3 +39,49 @@ def test_rest_must_divide():
 def test_non_positive_degree():
     with pytest.raises(ValueError, match="tp must be >= 1"):
         dims(2, tp=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"dp_shard": 4, "ep": 3}, {"dp_shard": 2, "cp": 4, "ep": 2},
+                                    {"dp_shard": 2, "cp": 2, "ep": 8}, {"dp_shard": 8, "ep": 0}])
+def test_expert_parallel_must_fit_in_dp_shard_times_cp(kwargs):
+    world = kwargs["dp_shard"] * kwargs.get("cp", 1)
+    with pytest.raises(ValueError, match="expert_parallel_degree"):
+        ParallelDims(dp_replicate=1, tp=1, pp=1, world_size=world, **{"cp": 1, **kwargs})
+
+
+@pytest.fixture
+def fake_world():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def init(world: int) -> None:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+    yield init
+    dist.destroy_process_group()
+
+
+def _ranks(mesh) -> list[int]:
+    return mesh.mesh.flatten().tolist()
+
+
+@pytest.mark.parametrize(
+    "kwargs, groups",
+    [  # world 8 = dp_shard 4 x tp 2, ep 2: an expert group is 2 ranks of dp_shard, experts FSDP over the other 2.
+        ({"dp_shard": 4, "tp": 2, "ep": 2},
+         {"ep": [0, 2], "dp_shard_mod_ep": [0, 4], "dp_shard": [0, 2, 4, 6], "dp": [0, 2, 4, 6], "tp": [0, 1]}),
+        # ep 4 = all of cp 2 and 2 of dp_shard 4; dp_shard_cp still spans the 8 ranks.
+        ({"dp_shard": 4, "cp": 2, "ep": 4},
+         {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": [0, 4], "dp_shard": [0, 2, 4, 6], "dp_shard_cp": list(range(8))}),
+        # ep over all of dp_shard, HSDP replicas outside.
+        ({"dp_replicate": 2, "dp_shard": 4, "ep": 4},
+         {"ep": [0, 1, 2, 3], "dp_shard": [0, 1, 2, 3], "dp": list(range(8)), "dp_replicate": [0, 4]}),
+    ],
+)
+def test_expert_parallel_meshes_borrow_data_parallel_ranks(fake_world, kwargs, groups):
+    fake_world(8)
+    pd = ParallelDims(**{"dp_replicate": 1, "cp": 1, "tp": 1, "pp": 1, "world_size": 8, **kwargs})
+    pd.build_mesh("cpu")
+    assert pd.ep_enabled and pd.dp_degree == kwargs.get("dp_replicate", 1) * kwargs["dp_shard"]
+    for name, ranks in groups.items():
+        assert _ranks(pd.submesh(name)) == ranks, name

@@ -111,3 +111,33 @@ def check_fixed(cfg: dict[str, Any], fixed: dict[str, Any], source: str, family:
     for key, value in fixed.items():
         if cfg.get(key, value) != value:
             raise UserError(f"{source}: {key} = {cfg[key]!r} is not supported (titan's {family} has {value!r})")
+
+
+# Routed experts: titan holds one [E, out, in] tensor per projection, Hugging Face checkpoints one tensor per expert
+# (`<layer>.mlp.experts.<j>.gate_proj.weight`).
+EXPERT_PROJECTIONS = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_HF_EXPERT_KEY = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|down_proj|up_proj)\.weight$")
+
+
+def experts_to_hf(hf_prefix: str, projection: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One grouped [E, out, in] tensor (w1, w2 or w3) -> E tensors `<hf_prefix>.<j>.<gate|down|up>_proj.weight`."""
+    name = EXPERT_PROJECTIONS[projection]
+    return {f"{hf_prefix}.{j}.{name}.weight": w.contiguous() for j, w in enumerate(value.unbind(0))}
+
+
+def stack_experts(hf_state_dict: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
+    """The state dict with each layer's per-expert tensors stacked into `<prefix>.experts.<w1|w2|w3>` [E, out, in];
+    every expert 0..E-1 must be there."""
+    out, groups = {}, {}
+    for key, value in hf_state_dict.items():
+        m = _HF_EXPERT_KEY.match(key)
+        if m:
+            groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = value
+        else:
+            out[key] = value
+    ours = {v: k for k, v in EXPERT_PROJECTIONS.items()}
+    for (prefix, name), tensors in groups.items():
+        if sorted(tensors) != list(range(num_experts)):
+            raise UserError(f"{prefix} holds {len(tensors)} experts' {name}, not the {num_experts} of config.json")
+        out[f"{prefix}.{ours[name]}"] = torch.stack([tensors[j] for j in range(num_experts)])
+    return out

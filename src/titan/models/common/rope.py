@@ -1,5 +1,5 @@
-"""Rotary position embeddings: the frequency table (plain, or Llama 3.1's long-context rescaling) and the rotation
-in either pairing of a head's dimensions.
+"""Rotary position embeddings: the frequency table (plain, Llama 3.1's long-context rescaling, or YaRN as
+DeepSeek-V3 uses it) and the rotation in either pairing of a head's dimensions.
 
 Meta's Llama code rotates interleaved (even, odd) pairs; transformers and Qwen rotate the two halves. Both are the
 same function up to a permutation of the query and key rows, so a family picks the pairing its reference uses and
@@ -9,8 +9,11 @@ its Hugging Face adapter permutes (or not) accordingly.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from titan.tools.cli import UserError
 
 ROPE_SCALINGS = ("none", "llama3")
 
@@ -53,3 +56,57 @@ def apply_rotary(x_BTHD: torch.Tensor, rope_TH2: torch.Tensor, interleaved: bool
     imag = x[..., 0] * sin + x[..., 1] * cos
     out = torch.stack((real, imag), dim=-1) if interleaved else torch.stack((real, imag), dim=-2)
     return out.flatten(3).type_as(x_BTHD)
+
+
+@dataclass
+class YaRN:
+    """YaRN rotary scaling (HF rope_type "yarn"); factor 1 is plain RoPE."""
+
+    theta: float = 10000.0
+    factor: float = 1.0
+    original_max_seq_len: int = 4096
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    """0 = not given. With both given cos/sin scale by mscale(factor, mscale) / mscale(factor, mscale_all_dim),
+    else by mscale(factor, 1); mscale_all_dim alone also sharpens the softmax (transformers' rules)."""
+
+    def __post_init__(self) -> None:
+        if self.theta <= 0 or self.factor < 1 or self.original_max_seq_len <= 0 or self.beta_fast <= self.beta_slow:
+            raise UserError(f"yarn needs theta > 0, factor >= 1, original_max_seq_len > 0 and beta_fast > "
+                            f"beta_slow, got {self.theta}, {self.factor}, {self.original_max_seq_len}, "
+                            f"{self.beta_fast}, {self.beta_slow}")
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's magnitude correction for a context `factor` times the original."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_frequencies(rope_dim: int, yarn: YaRN) -> tuple[torch.Tensor, float]:
+    """Per-pair frequencies (rope_dim/2,) in fp32 as transformers computes them, and the factor cos/sin are scaled
+    by. High frequencies (many turns within the original context) are kept, low ones divided by the factor, the
+    band between (beta_fast to beta_slow turns) blended linearly."""
+    powers = yarn.theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
+    if yarn.factor == 1:
+        return 1.0 / powers, 1.0
+
+    def dim_of(turns: float) -> float:  # the pair index whose wavelength fits `turns` times in the old context
+        return rope_dim * math.log(yarn.original_max_seq_len / (turns * 2 * math.pi)) / (2 * math.log(yarn.theta))
+
+    low = max(math.floor(dim_of(yarn.beta_fast)), 0)
+    high = min(math.ceil(dim_of(yarn.beta_slow)), rope_dim - 1)
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    keep = 1 - ramp  # written as transformers does, so that the table is bit for bit its
+    freqs = 1.0 / (yarn.factor * powers) * (1 - keep) + 1.0 / powers * keep
+    if yarn.mscale and yarn.mscale_all_dim:
+        return freqs, yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+    return freqs, yarn_mscale(yarn.factor, 1.0)
+
+
+def yarn_rope_cache(rope_dim: int, yarn: YaRN, seq_len: int) -> torch.Tensor:
+    """(seq_len, rope_dim/2, 2) cos/sin table, the format apply_rotary reads."""
+    freqs, scale = yarn_frequencies(rope_dim, yarn)
+    angles_TH = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return torch.stack((angles_TH.cos(), angles_TH.sin()), dim=-1) * scale

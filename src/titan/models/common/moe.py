@@ -1,0 +1,269 @@
+"""Mixture of experts: a token-choice top-k router, routed SwiGLU experts held as grouped weights, optional shared
+experts, and the two load-balancing schemes of Qwen3-MoE and DeepSeek-V3.
+
+    moe = MoE(dim, MoEArgs(num_experts=8, top_k=2, hidden_dim=64))
+    y_BTD = moe(x_BTD)
+
+Routing is dropless: every token reaches its k experts whatever the load, so the output does not depend on how the
+experts are laid out over ranks. The experts run through `torch._grouped_mm` where the device and dtype have it and
+through one matmul per expert on the same sorted tokens elsewhere (float64 among them); both give the same result.
+Expert parallelism replaces `MoE.experts` from outside (titan.distributed.expert_parallel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan.models.common.decoder import FeedForward
+from titan.tools.cli import UserError
+
+
+@dataclass
+class MoEArgs:
+    num_experts: int = 8
+    top_k: int = 2
+    hidden_dim: int = 256
+    """Hidden size of each routed expert's SwiGLU (HF moe_intermediate_size)."""
+    num_shared_experts: int = 0
+    """Shared experts see every token: one SwiGLU of hidden_dim * num_shared_experts (HF n_shared_experts)."""
+    score_func: Literal["softmax", "sigmoid"] = "softmax"
+    """softmax over the experts (Qwen3-MoE) or an independent sigmoid per expert (DeepSeek-V3)."""
+    route_norm: bool = False
+    """Renormalise the k chosen scores to sum to 1 (HF norm_topk_prob)."""
+    route_scale: float = 1.0
+    """Multiplies the routing weights after normalisation (HF routed_scaling_factor)."""
+    n_groups: int = 1
+    topk_groups: int = 1
+    """Group-limited routing: experts fall into n_groups groups, a token picks its topk_groups best groups (each
+    scored by its two best experts) and its k experts only among them (HF n_group, topk_group)."""
+    bias_update_rate: float = 0.0
+    """DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's selection bias moves
+    by this much towards balance (up when under-loaded). 0 keeps the bias as loaded."""
+    aux_loss_coef: float = 0.0
+    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef), added to each layer's gradient in training."""
+    use_grouped_mm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_experts <= 0 or not 0 < self.top_k <= self.num_experts or self.hidden_dim <= 0:
+            raise UserError(f"moe needs num_experts > 0, 0 < top_k <= num_experts and hidden_dim > 0, got "
+                            f"{self.num_experts}, {self.top_k}, {self.hidden_dim}")
+        if self.score_func not in ("softmax", "sigmoid"):
+            raise UserError(f"moe score_func must be softmax or sigmoid, got {self.score_func!r}")
+        if self.num_experts % self.n_groups or not 0 < self.topk_groups <= self.n_groups:
+            raise UserError(f"moe n_groups {self.n_groups} must divide num_experts {self.num_experts} and "
+                            f"0 < topk_groups <= n_groups, got topk_groups {self.topk_groups}")
+        if self.n_groups > 1 and (self.num_experts // self.n_groups < 2
+                                  or self.top_k > self.topk_groups * (self.num_experts // self.n_groups)):
+            raise UserError(f"moe group-limited routing needs >= 2 experts a group and top_k <= topk_groups * "
+                            f"experts a group, got {self.num_experts} experts in {self.n_groups} groups, top_k "
+                            f"{self.top_k}, topk_groups {self.topk_groups}")
+        if self.num_shared_experts < 0 or self.bias_update_rate < 0 or self.aux_loss_coef < 0:
+            raise UserError("moe num_shared_experts, bias_update_rate and aux_loss_coef must be >= 0")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Routing and the weighted sum run in at least float32 (bf16 scores would flip close top-k choices)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class TopKRouter(nn.Module):
+    def __init__(self, dim: int, args: MoEArgs):
+        super().__init__()
+        self.args = args
+        self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        # Selection bias (HF e_score_correction_bias): shifts which experts are chosen, never the weights.
+        self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=args.score_func == "sigmoid")
+
+    def forward(self, x_TD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Routing weights (T, k), chosen experts (T, k) and every expert's score (T, E)."""
+        a = self.args
+        dtype = _compute_dtype(x_TD.dtype)
+        logits_TE = F.linear(x_TD.to(dtype), self.gate.weight.to(dtype))
+        if a.score_func == "softmax":
+            scores_TE = logits_TE.softmax(dim=-1)
+            weights_TK, experts_TK = scores_TE.topk(a.top_k, dim=-1)
+        else:
+            scores_TE = logits_TE.sigmoid()
+            choice_TE = scores_TE + self.expert_bias.to(dtype)
+            if a.n_groups > 1:
+                per_group = a.num_experts // a.n_groups
+                choice_TGP = choice_TE.view(-1, a.n_groups, per_group)
+                group_score_TG = choice_TGP.topk(2, dim=-1).values.sum(dim=-1)
+                groups_TG = group_score_TG.topk(a.topk_groups, dim=-1, sorted=False).indices
+                keep_TG = torch.zeros_like(group_score_TG, dtype=torch.bool).scatter_(1, groups_TG, True)
+                choice_TE = choice_TGP.masked_fill(~keep_TG[..., None], float("-inf")).view_as(choice_TE)
+            experts_TK = choice_TE.topk(a.top_k, dim=-1, sorted=False).indices
+            weights_TK = scores_TE.gather(1, experts_TK)
+        if a.route_norm:
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights_TK * a.route_scale, experts_TK, scores_TE
+
+    def init_weights(self, init_std: float) -> None:
+        nn.init.trunc_normal_(self.gate.weight, mean=0.0, std=init_std)
+        self.expert_bias.zero_()
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts as three [E, out, in] tensors (nn.Linear's layout per expert)."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, use_grouped_mm: bool = True):
+        super().__init__()
+        self.use_grouped_mm = use_grouped_mm
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))  # gate
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))  # down
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))  # up
+
+    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """x_ND: token copies sorted by expert, counts_E[e] of them for expert e, in order."""
+        # Local experts under expert parallel; the compute dtype where FSDP's mixed precision does not cast them.
+        w1, w2, w3 = ((w.to_local() if hasattr(w, "to_local") else w).to(x_ND.dtype)
+                      for w in (self.w1, self.w2, self.w3))
+        if self.use_grouped_mm and grouped_mm_supported(x_ND):
+            offsets = counts_E.cumsum(0).to(torch.int32)
+            # The grouped GEMM rejects a zero-stride gradient (e.g. from out.sum()); contiguous() gives it strides.
+            h = F.silu(torch._grouped_mm(x_ND, w1.transpose(-2, -1), offs=offsets))
+            h = h * torch._grouped_mm(x_ND, w3.transpose(-2, -1), offs=offsets)
+            return _ContiguousGrad.apply(torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets))
+        # unbind: one gradient buffer per weight in backward, where indexing w[e] would make one per expert.
+        outs = [F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
+                for x, g, d, u in zip(torch.split(x_ND, counts_E.tolist()), w1.unbind(), w2.unbind(), w3.unbind())]
+        return torch.cat(outs)
+
+    def init_weights(self, init_std: float) -> None:
+        nn.init.trunc_normal_(self.w1, mean=0.0, std=0.02)
+        for w in (self.w2, self.w3):
+            nn.init.trunc_normal_(w, mean=0.0, std=init_std)
+
+
+def grouped_mm_supported(x: torch.Tensor) -> bool:
+    """torch._grouped_mm exists for float32 and bfloat16 on the CPU; on CUDA for bfloat16 from sm90 on."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cpu":
+        return x.dtype in (torch.float32, torch.bfloat16)
+    if x.device.type == "cuda":
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return False
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class _AuxLossGrad(torch.autograd.Function):
+    """Returns x unchanged; in backward the auxiliary loss gets gradient 1, as if it were added to the loss."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (aux_loss,) = ctx.saved_tensors
+        return grad, torch.ones_like(aux_loss)
+
+
+def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor) -> torch.Tensor:
+    """Switch Transformer's balance loss as Qwen3-MoE computes it for one layer: E * sum_e f_e * P_e, with f_e the
+    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e."""
+    num_experts = scores_TE.shape[-1]
+    f_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype) / scores_TE.shape[0]
+    return num_experts * (f_E * scores_TE.mean(dim=0)).sum()
+
+
+class MoE(nn.Module):
+    def __init__(self, dim: int, args: MoEArgs):
+        super().__init__()
+        self.args = args
+        self.router = TopKRouter(dim, args)
+        self.experts = GroupedExperts(dim, args.hidden_dim, args.num_experts, args.use_grouped_mm)
+        self.shared_experts = (FeedForward(dim, args.hidden_dim * args.num_shared_experts)
+                               if args.num_shared_experts else None)
+        # Routed token copies per expert since the last expert_load_step: the balancing bias and the metrics read it.
+        self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
+        self.aux_loss_scale = 1.0
+        """The trainer sets 1 / gradient-accumulation steps, the scale of each micro-batch's loss."""
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
+        weights_TK, experts_TK, scores_TE = self.router(x_TD)
+        counts_E = torch.bincount(experts_TK.flatten(), minlength=self.args.num_experts)
+        if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute inside backward
+            with torch.no_grad():
+                self.tokens_per_expert += counts_E
+        # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
+        order_N = experts_TK.flatten().argsort(stable=True)
+        token_N = order_N // self.args.top_k
+        y_ND = self.experts(x_TD[token_N], counts_E)
+        dtype = _compute_dtype(x_TD.dtype)
+        y_ND = y_ND.to(dtype) * weights_TK.flatten()[order_N, None].to(dtype)
+        out_TD = torch.zeros(x_TD.shape, dtype=dtype, device=x_TD.device).index_add_(0, token_N, y_ND)
+        out_TD = out_TD.to(x_TD.dtype)
+        if self.shared_experts is not None:
+            out_TD = out_TD + self.shared_experts(x_TD)
+        if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
+            coef = self.args.aux_loss_coef * self.aux_loss_scale
+            out_TD = _AuxLossGrad.apply(out_TD, coef * load_balancing_loss(scores_TE, experts_TK))
+        return out_TD.view_as(x_BTD)
+
+    def init_weights(self, init_std: float) -> None:
+        self.router.init_weights(init_std)
+        self.experts.init_weights(init_std)
+        if self.shared_experts is not None:
+            self.shared_experts.init_weights(init_std)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """Zeroes what no checkpoint holds (after `to_empty`): the token counts, and the selection bias of softmax
+        routing, which has none."""
+        self.tokens_per_expert.zero_()
+        if self.args.score_func == "softmax":
+            self.router.expert_bias.zero_()
+
+
+@torch.no_grad()
+def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
+    """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that split the
+    batch), moves DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen
+    (tokens per expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d
+    tensors on the device, read by the host only when it logs. Nothing when the model has no MoE layer."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        return {}
+    counts_LE = torch.stack([m.tokens_per_expert for m in layers])
+    if group is not None:
+        torch.distributed.all_reduce(counts_LE, group=group)
+    for moe, counts_E in zip(layers, counts_LE):
+        if moe.args.bias_update_rate:
+            bias = moe.router.expert_bias
+            bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
+        moe.tokens_per_expert.zero_()
+    mean_L = counts_LE.mean(dim=1).clamp(min=1)
+    return {"moe_tokens_min": counts_LE.min(), "moe_tokens_max": counts_LE.max(),
+            "moe_imbalance": (counts_LE.max(dim=1).values / mean_L).max()}
+
+
+def expert_load_values(parts: list[nn.Module], group=None) -> tuple[list[str], torch.Tensor]:
+    """expert_load_step over a model's parts: the metric names and their values as one float64 device tensor
+    (empty without MoE layers)."""
+    stats = {k: v for part in parts for k, v in expert_load_step(part, group).items()}
+    values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
+    return list(stats), values
+
+
+def set_aux_loss_scale(parts: list[nn.Module], scale: float) -> None:
+    """Scales every MoE layer's balance loss as the trainer scales each micro-batch's loss."""
+    for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
+        moe.aux_loss_scale = scale

@@ -1,0 +1,76 @@
+"""Qwen3-MoE against transformers: random small Qwen3MoeConfigs import through titan.hf.load and export through
+titan.hf.save with the same float64 logits (1e-6 relative), and the flavors have transformers' parameter counts."""
+
+import pytest
+import torch
+
+import titan.hf
+from titan.models.qwen3_moe.flavors import qwen3_moe_flavors
+from titan.models.qwen3_moe.model import Qwen3MoeDecoder, active_params
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=80, moe_intermediate_size=16, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
+            max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+def _hf_model(**overrides):
+    # The per-expert loop: transformers' grouped GEMM has no float64.
+    cfg = transformers.Qwen3MoeConfig(**{**TINY, **overrides}, experts_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.float64).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # norms start at one there: randomize every tensor
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.3 + (1.0 if "norm" in name else 0))
+    return model
+
+
+def _rel(got, want):
+    return ((got - want).norm() / want.norm()).item()
+
+
+def _tokens(seed):
+    return torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_topk_prob": True, "tie_word_embeddings": True},
+                                       {"decoder_sparse_step": 2, "mlp_only_layers": [2]}],
+                         ids=["every-layer", "norm-topk-tied", "sparse-step-mlp-only"])
+def test_hf_folder_loads_with_transformers_logits_and_exports_back(tmp_path, overrides):
+    theirs = _hf_model(**overrides)
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = titan.hf.load(tmp_path / "hf")
+    assert isinstance(ours, Qwen3MoeDecoder)
+    with torch.no_grad():
+        assert _rel(ours(_tokens(1)), theirs(_tokens(1)).logits) < 1e-6
+    titan.hf.save(ours, tmp_path / "out", dtype=torch.float64)
+    back, info = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True,
+                                                                   dtype=torch.float64,
+                                                                   experts_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert _rel(ours(_tokens(2)), back.eval()(_tokens(2)).logits) < 1e-6
+
+
+# Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json
+HF_FLAVORS = {
+    "30B-A3B": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                    num_experts_per_tok=8, norm_topk_prob=True, vocab_size=151936),
+    "235B-A22B": dict(hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536, num_hidden_layers=94,
+                      num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
+                      num_experts_per_tok=8, norm_topk_prob=True, vocab_size=151936),
+}
+
+
+@pytest.mark.parametrize("flavor", HF_FLAVORS)
+def test_flavor_parameter_counts_equal_transformers(flavor):
+    with torch.device("meta"):
+        ours = Qwen3MoeDecoder(qwen3_moe_flavors[flavor])
+        theirs = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**HF_FLAVORS[flavor]))
+    total = sum(p.numel() for p in theirs.parameters())
+    one_expert = sum(p[0].numel() for name, p in theirs.named_parameters() if ".mlp.experts." in name)
+    assert sum(p.numel() for p in ours.parameters()) == total
+    assert active_params(ours) == total - one_expert * (128 - 8)
