@@ -23,7 +23,8 @@ def plot(metrics: Path, out: Path, title: str) -> None:
     if val:
         ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o", label="validation loss")
     minutes = records[-1]["elapsed_s"] / 60
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title=f"{title} ({minutes:.1f} min of training)")
+    subtitle = f"{records[-1]['step']} steps, {minutes:.1f} min of training"
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title=f"{title}\n{subtitle}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
