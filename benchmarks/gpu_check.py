@@ -2,8 +2,9 @@
 
 Parts, each through the suite's own entry points (titan.compare, titan.train, benchmarks/titan_checkpoint.py,
 lcsm.bench, morphens.run, pytest), each under a time budget so that the whole run fits 9 minutes on one H200:
-- titan: Llama 3.1 8B width (4 layers, 128K vocabulary, seq 8192, bf16) for bf16, +compile, +float8
-  (tensorwise), +float8_rowwise, +compile+float8, +selective_ac: tokens/s, MFU against the device's dense bf16
+- titan: Llama 3.1 8B width (4 layers, 128K vocabulary, seq 8192, bf16) for bf16, +compile, float8 tensorwise
+  through titan's Float8Linear and through torchao's, each eager and compiled, +float8_rowwise (torchao's where
+  installed), +selective_ac: tokens/s, MFU against the device's dense bf16
   peak (989 TFLOP/s on an H200) and against a bf16 matmul peak measured in this run, peak memory, loss; a
   profiled run's trace and memory snapshot; how long an async DCP save blocks the loop vs a sync one.
 - lcsm: the mixer and end-to-end generation, flash (hybrid, fft, triton tau) vs lazy and eager, L = 2^14 and up
@@ -38,7 +39,8 @@ BUDGET_S = {"titan": 330, "lcsm": 70, "morphens": 70, "tests": 40}
 """Seconds per part on the GPU: 510 of the 540 the run may take, the rest for start-up and the matmul peak."""
 DRY_BUDGET_S = {"titan": 400, "lcsm": 120, "morphens": 150, "tests": 150}
 """Caps, not targets: about a minute in all on a quiet 2-core box, several on a loaded one."""
-RECIPES = "baseline,+compile,+float8,+float8_rowwise,+compile+float8,+selective_ac"
+RECIPES = ("baseline,+compile,+float8_titan,+compile+float8_titan,+float8_torchao,+compile+float8_torchao,"
+           "+float8_rowwise,+selective_ac")
 PAPER = {"mixer_speedup": 110.0, "e2e_speedup": 7.8,
          "source": "Oncescu et al., Flash Inference (2024): up to 110x on the mixer, 7.8x end to end, on a GPU"}
 LOG_TAIL_BYTES = 400_000  # per command, so log.txt stays far under the 16 MiB a returned file may have

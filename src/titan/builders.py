@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from titan.components.checkpoint import CheckpointManager, load_full_model_state_dict
+from titan.components.checkpoint import CheckpointManager, complete_steps, load_full_model_state_dict
 from titan.components.checkpoint.initial_load import initial_checkpoint, initial_state_dict, load_initial_checkpoint
 from titan.components.metrics.throughput import cpu_has_bf16_units
 from titan.config import JobConfig
@@ -34,12 +35,37 @@ from titan.tools.logging import logger
 # Above this a full copy on one host is too costly; such runs use a seed checkpoint for layout-independent init.
 FULL_INIT_MAX_PARAMS = 2_000_000_000
 
-MODEL_OVERRIDES = ("n_layers", "dim", "n_heads", "n_kv_heads")
-
 
 def check_dump_folder_writable(folder: str) -> None:
     """Fails before anything is written when the dump folder cannot be created or written."""
     check_writable(folder, "job.dump_folder", "pass --job.dump_folder with a writable path")
+
+
+def check_outputs_are_ours(cfg: JobConfig) -> None:
+    """A new run (nothing to resume) never writes into another run's outputs: with metrics.jsonl or tensorboard
+    files already in job.dump_folder it stops in one line, unless job.overwrite, which removes them first. A run
+    that resumes from its checkpoint keeps appending. Checked by the launching rank 0 (the one writing metrics)."""
+    writes_metrics = cfg.metrics.enable_jsonl or cfg.metrics.enable_tensorboard
+    if int(os.environ.get("RANK", "0")) != 0 or cfg.checkpoint.create_seed_checkpoint or not writes_metrics:
+        return
+    folder = Path(cfg.dump_folder)
+    if cfg.checkpoint.enable and complete_steps(folder / cfg.checkpoint.folder):
+        return
+    metrics, tb = folder / "metrics.jsonl", folder / cfg.metrics.save_tb_folder
+    found = [p for p in (metrics, tb) if (p.is_file() and p.stat().st_size) or (p.is_dir() and any(p.iterdir()))]
+    if not found:
+        return
+    if cfg.job.overwrite:
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        logger.info(f"job.overwrite: removed the previous run's {', '.join(p.name for p in found)} from {folder}")
+        return
+    raise UserError(f"job.dump_folder {folder} holds another run's {' and '.join(p.name for p in found)} and no "
+                    "checkpoint to resume from; pass --job.dump_folder with a new folder, or --job.overwrite to "
+                    "replace that run's metrics")
 
 
 def check_run(cfg: JobConfig, world_size: int, solo: bool, own_model: bool) -> ParallelDims:
@@ -89,7 +115,8 @@ def seed_everything(debug) -> None:
 
 
 def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, tokenizer: Any) -> Any:
-    """The flavor's args with the config's `model.*` overrides, then the spec's own updates (e.g. vocab size)."""
+    """The flavor's args (or the Hugging Face folder's) with the config's `--model.<field>` keys (checked against
+    the family's fields when the config was read), then the spec's own updates (e.g. vocab size)."""
     if model_args is None:
         flavor = job_config.model.flavor
         if flavor == "hf" and spec.args_from_folder is not None:
@@ -99,15 +126,11 @@ def resolve_model_args(spec: ModelSpec, job_config: JobConfig, model_args: Any, 
                              f"known: {', '.join(spec.flavors)}{', hf' if spec.args_from_folder else ''}")
         else:
             model_args = copy.deepcopy(spec.flavors[flavor])
-        overrides = {k: getattr(job_config.model, k) for k in MODEL_OVERRIDES if getattr(job_config.model, k)}
-        unsupported = [k for k in overrides if not hasattr(model_args, k)]
-        if unsupported:
-            raise UserError(f"model.{unsupported[0]} cannot be overridden for {spec.name}; leave it at 0")
-        if overrides:
+        if job_config.model.args:
             try:
-                model_args = dataclasses.replace(model_args, **overrides)
+                model_args = dataclasses.replace(model_args, **job_config.model.args)
             except ValueError as e:
-                raise UserError(f"model overrides {overrides}: {e}") from None
+                raise UserError(f"model: {e}") from None
     if spec.update_model_args is not None:
         model_args = spec.update_model_args(model_args, job_config, tokenizer)
     return model_args

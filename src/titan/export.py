@@ -1,4 +1,4 @@
-"""Llama 3 weights to and from Hugging Face safetensors.
+"""A titan LLM's weights to and from a Hugging Face folder (any family titan.hf knows: llama3, qwen3, ...).
 
     python -m titan.export --to-hf OUT_DIR [--config C.toml] [overrides]   # latest checkpoint -> HF folder
     python -m titan.export --from-hf HF_DIR [--config C.toml] [overrides]  # HF folder -> step-0 checkpoint
@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from titan.components.checkpoint import complete_steps
 from titan.config import parse_command_line
 from titan.config.dtypes import TORCH_DTYPES
-from titan.models.llama3.hf_files import save_hf
+from titan.hf import save_state_dict
+from titan.models import get_model_spec
 from titan.tools.cli import UserError, check_writable, entry_point, report_done, run
 from titan.trainer import Trainer
 
@@ -35,13 +37,18 @@ def check_target(out_dir: Path, dump_folder: str) -> None:
 def export_to_hf(argv: list[str], out_dir: Path) -> Path:
     config = parse_command_line([*argv, "--checkpoint.enable", "--metrics.enable_jsonl", "false",
                          "--metrics.enable_tensorboard", "false"])
-    if config.model.name != "llama3":
-        raise UserError(f"--to-hf converts llama3 checkpoints, not {config.model.name}")
+    if get_model_spec(config.model.name, config.model.spec).load_hf_weights is None:
+        raise UserError(f"--to-hf: model {config.model.name} has no Hugging Face format")
     check_target(out_dir, config.dump_folder)
+    folder = Path(config.dump_folder) / config.checkpoint.folder
+    if not complete_steps(folder):  # before the Trainer, which would create the dump folder
+        raise UserError(f"no checkpoint to export in {folder}; give the --config and --job.dump_folder of a run "
+                        "that saved one (checkpoint.enable)")
     trainer = Trainer(config)
     if trainer.step == 0:
         raise UserError(f"no checkpoint to export in {Path(config.dump_folder) / config.checkpoint.folder}")
-    save_hf(out_dir, trainer.full_state_dict(), trainer.model_args, TORCH_DTYPES[config.checkpoint.export_dtype])
+    dtype = TORCH_DTYPES[config.checkpoint.export_dtype]
+    save_state_dict(out_dir, trainer.full_state_dict(), trainer.model_args, dtype)
     return out_dir
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from titan.builders import check_outputs_are_ours
 from titan.config import JobConfig, help_text, parse_command_line
 from titan.estimate.dry_run import main as estimate_main
 from titan.tools.cli import entry_point, report_done, run
@@ -23,6 +24,7 @@ def main(argv: list[str]) -> int:
     if job_config.comm.mode == "fake":
         # A dry run: the same parallelize code on a fake process group of the target size, no training.
         return estimate_main(argv)
+    check_outputs_are_ours(job_config)
     trainer = Trainer(job_config)
     try:
         if job_config.checkpoint.create_seed_checkpoint:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from titan.distributed.utils import (
 )
 from titan.models import get_model_spec
 from titan.protocols.model_spec import ModelSpec
+from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
 from titan.tools.logging import init_logger, logger
@@ -49,11 +49,10 @@ from titan.tools.profiling import StepProfiler
 from titan.tools.signals import StopSignals
 
 
-def agree_on_step(values: torch.Tensor, stop_signals: StopSignals, parallel_dims) -> tuple[list[float], int]:
-    """The step's values averaged over the ranks that hold them, and the stop signal every rank agrees on: the
-    signal flags ride on the same all-reduce, so agreeing costs no collective and no host sync of its own."""
-    reduced = mean_over_loss_holders(torch.cat([values, stop_signals.flags(values)]), parallel_dims).tolist()
-    return reduced[:len(values)], stop_signals.agreed(reduced[len(values):])
+def agree_on_step(values: torch.Tensor, stop_signals: StopSignals, parallel_dims) -> torch.Tensor:
+    """The step's values averaged over the ranks that hold them, then the stop-signal flags summed likewise: the
+    flags ride on the same all-reduce, so agreeing costs no collective of its own. It stays on the device."""
+    return mean_over_loss_holders(torch.cat([values, stop_signals.flags(values)]), parallel_dims)
 
 
 class Trainer:
@@ -94,7 +93,7 @@ class Trainer:
         self.step = 0
         # Training seconds of this run over all its sessions: checkpoints carry it, so metrics' elapsed_s goes on.
         self.elapsed_s = 0.0
-        self.nonfinite = NonFiniteGuard(job_config.training)
+        self.nonfinite = NonFiniteGuard(job_config.training, self.device)
         self.stop_signals = StopSignals()
         self._data_iter = None
         self.history: list[dict[str, Any]] = []
@@ -164,8 +163,10 @@ class Trainer:
             (loss / self.grad_accum_steps).backward()
         return replicated_value(loss.detach()), pred.detach()
 
-    def train_step(self, data_iter) -> dict[str, float]:
-        """One optimizer step over `grad_accum_steps` micro-batches; returns loss, grad_norm, extra metrics."""
+    def train_step(self, data_iter) -> dict[str, Any]:
+        """One optimizer step over `grad_accum_steps` micro-batches, queued without waiting for the device.
+        Returns `tokens` and the step's values on the device; `read_step` turns them into loss, grad_norm, extra
+        metrics and the stop signal."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
@@ -192,20 +193,28 @@ class Trainer:
         grad_norm = clip_grad_norm_(params, self.config.training.max_norm, pp_group)
         names = list(extra_sums)
         values = torch.stack([loss_sum, *(extra_sums[k] for k in names)]) / self.grad_accum_steps
-        reduced, signum = agree_on_step(values, self.stop_signals, self.parallel_dims)
-        loss_value, grad_norm_value = reduced[0], float(grad_norm)
-        out = {"loss": loss_value, "grad_norm": grad_norm_value, "tokens": tokens, "stop_signal": signum,
-               **{k: v for k, v in zip(names, reduced[1:])}}
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-            self.nonfinite.nonfinite_step(self.step + 1, loss_value, grad_norm_value)
-            for opt in self.optimizers:
-                opt.zero_grad(set_to_none=True)
-            return out
-        self.nonfinite.finite_step()
+        reduced = agree_on_step(values, self.stop_signals, self.parallel_dims)
+        found_inf = self.nonfinite.observe(self.step + 1, reduced[0], grad_norm)
+        apply = self.nonfinite.mask_update(self.optimizers, found_inf)
         for opt, sched in zip(self.optimizers, self.lr_schedulers):
-            opt.step()
+            if apply:
+                opt.step()
             sched.step()
-        return out
+        if self.config.float8.enable_fsdp_float8_all_gather:
+            for part in self.model_parts:
+                precompute_float8_scales(part)
+        device_values = torch.cat([reduced.double(), grad_norm.reshape(1).double(), self.nonfinite.state.double()])
+        return {"tokens": tokens, "names": names, "device_values": device_values}
+
+    def read_step(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The step's values on the host (its one device sync), the non-finite policy applied: loss, grad_norm,
+        extra metrics, tokens and the stop signal every rank agrees on."""
+        names, host = out["names"], out["device_values"].tolist()
+        values, grad_norm = host[:len(names) + 1], host[-5]
+        flags, state = host[len(names) + 1:-5], host[-4:]
+        self.nonfinite.check(state, self.step, values[0], grad_norm)
+        return {"loss": values[0], "grad_norm": grad_norm, "tokens": out["tokens"],
+                "stop_signal": self.stop_signals.agreed(flags), **dict(zip(names, values[1:]))}
 
     def save_checkpoint(self, last: bool = False) -> None:
         ckpt = self.config.checkpoint
@@ -263,14 +272,21 @@ class Trainer:
             out = (counted_step(lambda: self.train_step(data_iter), self.parallel_dims) if cfg.metrics.comm_stats
                    else self.train_step(data_iter))
             self.step += 1
-            signum = out.pop("stop_signal")
             if owns_group and self.step == first_step:
                 mesh = self.parallel_dims.world_mesh if self.parallel_dims.world_size > 1 else None
                 set_pg_timeouts(cfg.comm.train_timeout_seconds, mesh)
-            self.elapsed_s = time.perf_counter() - start
             window.add_step(out["tokens"])
             validate = cfg.validation.enable and (self.step % cfg.validation.freq == 0 or self.step == total)
-            if self.step == 1 or self.step % cfg.metrics.log_freq == 0 or self.step == total or validate:
+            log = self.step == 1 or self.step % cfg.metrics.log_freq == 0 or self.step == total or validate
+            saved = self.checkpointer.should_save(self.step, total)
+            # The host reads the step only where it must (the same steps on every rank), or where a single
+            # process already knows of its own signal.
+            signum = 0
+            if log or saved or (self.stop_signals.signum and self.parallel_dims.world_size == 1):
+                out = self.read_step(out)
+                signum = out.pop("stop_signal")
+            self.elapsed_s = time.perf_counter() - start
+            if log:
                 record, eta = window.record(self.step, out, self.lr_schedulers[0].get_last_lr()[0], self.elapsed_s,
                                             total - self.step)
                 if validate:
@@ -278,7 +294,6 @@ class Trainer:
                     window.restart()
                 self.metrics.log(record, eta)
                 self.history.append(record)
-            saved = self.checkpointer.should_save(self.step, total)
             if saved:
                 self.save_checkpoint(last=self.step == total)
                 window.start = time.perf_counter()

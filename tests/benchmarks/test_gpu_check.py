@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {"summary.md", "log.txt", "titan.json", "titan_trace.json.gz", "titan_memory_ops.txt", "lcsm.json",
          "morphens.json", "tests.txt"}
-RECIPES = ["baseline", "+compile", "+float8", "+float8_rowwise", "+compile+float8", "+selective_ac"]
+RECIPES = ["baseline", "+compile", "+float8_titan", "+compile+float8_titan", "+float8_torchao",
+           "+compile+float8_torchao", "+float8_rowwise", "+selective_ac"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,10 @@ def test_titan_table_has_every_recipe_with_consistent_figures(dry_run):
         assert titan["peak_dtype"] == "float32" and 0 < r["mfu_of_measured_peak"] < 100, r
         # Same model, data and seed: compile and AC change no loss; float8 moves it by its rounding only.
         assert r["final_loss"] == pytest.approx(base, abs=0.02 if "float8" in r["recipe"] else 1e-4)
+    # torchao's float8 (emulated on the CPU) computes what ours does, eager and compiled.
+    for compiled in ("", "+compile"):
+        ours, theirs = rows[f"{compiled}+float8_titan"]["final_loss"], rows[f"{compiled}+float8_torchao"]["final_loss"]
+        assert theirs == pytest.approx(ours, rel=1e-6)
     checkpoint = titan["checkpoint"]
     assert checkpoint["exit_code"] == 0
     saves = checkpoint["saves_per_run"]

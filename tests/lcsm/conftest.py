@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lcsm.inference import autotune
+from lcsm.inference.accel import autotune
 from lcsm.model.hyena import HyenaArgs, HyenaLM
 
 # A Hyena LM small enough for exact float64 comparisons in milliseconds.

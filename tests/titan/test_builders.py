@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests.titan.conftest import TINY
+from tests.titan.conftest import TINY, run_train
 from titan.builders import (
     batch_layout,
     build_model_parts,
+    check_outputs_are_ours,
     check_supported,
     full_initial_state_dict,
     resolve_model_args,
@@ -23,6 +24,7 @@ from titan.config import parse_args
 from titan.config.job_config import Training
 from titan.distributed import ParallelDims
 from titan.models import get_model_spec
+from titan.tools.cli import UserError
 
 
 def test_model_args_are_the_flavor_with_overrides_and_the_tokenizer_vocabulary():
@@ -87,3 +89,41 @@ def test_bf16_on_a_cpu_without_bf16_units_is_flagged(monkeypatch, caplog, bf16_u
     with caplog.at_level(logging.WARNING, logger="titan"):
         warn_if_bf16_is_slow(torch.device("cpu"), cfg)
     assert any("--training.mixed_precision_param float32" in r.getMessage() for r in caplog.records) == warned
+
+
+def old_run(folder):
+    """What a finished run without checkpoints leaves: its metrics and a tensorboard file."""
+    (folder / "tb").mkdir(parents=True)
+    (folder / "tb" / "events.out.tfevents.1.host").write_bytes(b"old")
+    (folder / "metrics.jsonl").write_text('{"step": 300, "loss": 2.0}\n')
+
+
+def test_a_new_run_in_another_runs_folder_is_refused_before_writing(tmp_path):
+    old_run(tmp_path)
+    proc = run_train([*TINY, "--training.steps", "1", "--job.dump_folder", str(tmp_path)], check=False)
+    assert proc.returncode == 2
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0] == (
+        f"error: job.dump_folder {tmp_path} holds another run's metrics.jsonl and tb and no checkpoint to resume "
+        "from; pass --job.dump_folder with a new folder, or --job.overwrite to replace that run's metrics")
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 300, "loss": 2.0}\n'
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["events.out.tfevents.1.host", "metrics.jsonl", "tb"]
+
+
+def test_job_overwrite_replaces_the_other_runs_metrics(tmp_path):
+    old_run(tmp_path)
+    cfg = parse_args([*TINY, "--job.dump_folder", str(tmp_path), "--job.overwrite"])
+    check_outputs_are_ours(cfg)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_resumes_or_writes_no_metrics_is_not_checked(tmp_path):
+    old_run(tmp_path)
+    (tmp_path / "checkpoint" / "step-2").mkdir(parents=True)
+    for name in ("titan.json", ".metadata"):
+        (tmp_path / "checkpoint" / "step-2" / name).write_text("{}")
+    check_outputs_are_ours(parse_args([*TINY, "--job.dump_folder", str(tmp_path), "--checkpoint.enable"]))
+    check_outputs_are_ours(parse_args([*TINY, "--job.dump_folder", str(tmp_path), "--metrics.enable_jsonl", "false"]))
+    with pytest.raises(UserError, match="holds another run's metrics.jsonl and tb"):
+        check_outputs_are_ours(parse_args([*TINY, "--job.dump_folder", str(tmp_path)]))
+    assert (tmp_path / "metrics.jsonl").is_file()

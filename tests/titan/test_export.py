@@ -3,7 +3,9 @@
 import json
 
 import pytest
+import torch
 
+import titan.hf
 from tests.titan.conftest import TINY, run_train
 from titan.export import main
 
@@ -51,3 +53,29 @@ def test_export_leaves_the_runs_config_alone_even_when_it_fails(tmp_path, capsys
     assert main(["--to-hf", str(tmp_path / "hf2"), *TINY, "--model.n_layers", "3", "--job.dump_folder", str(run)]) == 2
     assert "with other dimensions: n_layers 2 (this run 3)" in capsys.readouterr().err
     assert (run / "config.toml").read_text() == before
+
+
+def test_a_qwen3_run_exports_a_folder_that_transformers_loads_with_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    run = tmp_path / "run"
+    args = [*TINY, "--model.name", "qwen3", "--job.dump_folder", str(run)]
+    run_train([*args, "--training.steps", "1", "--checkpoint.enable"])
+    assert main(["--to-hf", str(tmp_path / "hf"), *args]) == 0
+    ours = titan.hf.load(tmp_path / "hf")
+    theirs = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, ours.args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_a_hugging_face_format_is_refused(tmp_path, capsys):
+    assert main(["--to-hf", str(tmp_path / "hf"), "--model.name", "hyena", "--model.spec", "lcsm.hyena",
+                 "--job.dump_folder", str(tmp_path / "run")]) == 2
+    assert "--to-hf: model hyena has no Hugging Face format" in error_line(capsys)
+
+
+def test_nothing_to_export_is_named_and_leaves_no_folder_behind(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["--to-hf", str(tmp_path / "hf"), *TINY, "--job.dump_folder", str(run)]) == 2
+    assert f"no checkpoint to export in {run / 'checkpoint'}" in error_line(capsys)
+    assert list(tmp_path.iterdir()) == []

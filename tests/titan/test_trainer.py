@@ -35,25 +35,43 @@ def test_training_on_the_corpus_lowers_the_loss(tmp_path, tiny_args):
     assert list((tmp_path / "tb").iterdir()), "tensorboard events expected"
 
 
+# Every family trains alike on every layout; each model's one-process run is the reference of its layouts.
+MODELS = {"llama3": [], "qwen3": ["--model.name", "qwen3"]}
+LAYOUTS = {"fsdp2": [], "tp2": ["--parallelism.tensor_parallel_degree", "2"],
+           "cp2": ["--parallelism.context_parallel_degree", "2"],
+           "pp2": ["--parallelism.pipeline_parallel_degree", "2"]}
+
+
 @pytest.fixture(scope="module")
-def reference(module_tmp_path):
-    """One process, global batch 4 as two accumulated micro-batches of 2."""
-    folder = module_tmp_path / "single"
+def references(module_tmp_path):
+    """model -> its one-process run, global batch 4 as two accumulated micro-batches of 2."""
     from tests.titan.conftest import TINY
 
-    run_train([*TINY, "--training.steps", "3", "--training.global_batch_size", "4", "--job.dump_folder", str(folder)])
-    return read_metrics(folder)
+    cache = {}
+
+    def get(model):
+        if model not in cache:
+            folder = module_tmp_path / f"single-{model}"
+            run_train([*TINY, *MODELS[model], "--training.steps", "3", "--training.global_batch_size", "4",
+                       "--job.dump_folder", str(folder)])
+            cache[model] = read_metrics(folder)
+        return cache[model]
+
+    return get
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [[], ["--parallelism.tensor_parallel_degree", "2"], ["--parallelism.context_parallel_degree", "2"]],
-    ids=["fsdp2", "tp2", "cp2"],
-)
-def test_two_ranks_match_one_process(tmp_path, tiny_args, reference, layout):
-    run_train([*tiny_args, "--training.steps", "3", "--training.global_batch_size", "4", *layout,
-               "--job.dump_folder", str(tmp_path)], nproc=2)
-    assert_same_run(read_metrics(tmp_path), reference)
+@pytest.fixture
+def reference(references):
+    return references("llama3")
+
+
+# Llama's pipeline schedules have their own tests (tests/titan/distributed/test_pipeline.py).
+@pytest.mark.parametrize("model, layout", [(m, lay) for m in MODELS for lay in LAYOUTS
+                                           if (m, lay) != ("llama3", "pp2")])
+def test_two_ranks_match_one_process(tmp_path, tiny_args, references, model, layout):
+    run_train([*tiny_args, *MODELS[model], "--training.steps", "3", "--training.global_batch_size", "4",
+               *LAYOUTS[layout], "--job.dump_folder", str(tmp_path)], nproc=2)
+    assert_same_run(read_metrics(tmp_path), references(model))
 
 
 @pytest.mark.slow

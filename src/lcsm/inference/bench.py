@@ -4,6 +4,8 @@ Two parts, each timing autoregressive steps after a one-token prompt:
 - mixer: one long convolution (D channels, batch B) fed random inputs, the engine alone;
 - e2e:   a Hyena LM with random weights (layers x order long convolutions, MLPs, head) fed fixed random tokens.
 Quadratic methods are skipped at lengths where their predicted time exceeds --budget seconds.
+--model hyenadna-<name>: e2e only, a HyenaDNA of that published configuration with random weights, flash vs lazy;
+lazy beyond its budget is extrapolated from its measured time per token (linear in L) and marked as such.
 On the CPU, times are the process's CPU time (one thread by default): on a shared machine other jobs then do not
 distort the ratios, and on an idle one it equals the wall time, which each record also keeps (wall_s).
 Writes DIR/results.json (one record per method, length and batch) and DIR/results.png (time per token vs L).
@@ -21,12 +23,14 @@ from pathlib import Path
 
 import torch
 
-from lcsm.inference import bench_report, native
+from lcsm.inference import bench_report
+from lcsm.inference.accel import native
 from lcsm.inference.decode import DECODES, new_decode_state
 from lcsm.inference.engines import build_engine
 from lcsm.inference.tau import TAUS, triton_available
 from lcsm.model.fftconv import fft_causal_conv
 from lcsm.model.hyena import HyenaArgs, HyenaLM
+from lcsm.model.hyenadna import HYENADNA_CONFIGS, HyenaDNA
 from titan.tools.cli import UserError, check_writable, entry_point, report_done, run
 
 QUADRATIC = {"lazy", "eager", "recompute", "flash_direct", "flash_conv1d", "flash_triton"}
@@ -153,20 +157,30 @@ def bench_e2e(method: str, L: int, D: int, B: int, layers: int, device: torch.de
         rho = model.inference_filters()
         _run_mixer_slots(build_engine(name, rho, B, **options), torch.randn(L, B, rho.shape[1], device=device))
     state = new_decode_state(model, name, B, decode=decode, **options)
+    timed = _generate(state, tokens, device, budget)
+    if timed is None:
+        return None
+    logits, times = timed
+    return dict(**times, decode=decode, max_abs_err=(logits - ref).abs().max().item(), layers=layers,
+                **_plan(state.engine))
+
+
+def _generate(state, tokens_BL: torch.Tensor, device: torch.device, budget: float) -> tuple[torch.Tensor, dict] | None:
+    """Steps the decode state through tokens 1 .. L-1 after a one-token prefill: the last logits and the seconds
+    (total_s, the process's; wall_s; mixer_s, the long convolutions' share), or None once over budget."""
     mixer_seconds = _time_long_convolutions(state, device)
-    state.prefill(tokens[:, :1])
-    inputs, now = tokens.T.unbind(0), clock(device)
+    state.prefill(tokens_BL[:, :1])
+    inputs, now = tokens_BL.T.unbind(0), clock(device)
     sync(device)
     with gc_paused():
         start, wall_start = now(), time.perf_counter()
-        for t in range(1, L):
+        for t in range(1, tokens_BL.shape[1]):
             logits = state.step(inputs[t])
             if t % 256 == 0 and now() - start > budget:
                 return None
         sync(device)
         total_s, wall_s = now() - start, time.perf_counter() - wall_start
-    return dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, decode=decode, wall_s=wall_s,
-                max_abs_err=(logits - ref).abs().max().item(), layers=layers, **_plan(state.engine))
+    return logits, dict(mixer_s=total_s * mixer_seconds() / wall_s, total_s=total_s, wall_s=wall_s)
 
 
 def _time_long_convolutions(state, device: torch.device) -> Callable[[], float]:
@@ -210,6 +224,98 @@ def _run_mixer_slots(engine, y_LBD: torch.Tensor) -> None:
             engine.step(y_LBD[t], g)
 
 
+def bench_hyenadna(method: str, L: int, name: str, device: torch.device, budget: float, cache: dict) -> dict | None:
+    """One generation of L - 1 tokens after a one-token prompt by a HyenaDNA of a published configuration (random
+    weights), batch 1, eager decode step, flash's tiles per slot; the last logits are checked against the parallel
+    forward."""
+    if L not in cache:
+        cache.clear()
+        torch.manual_seed(0)
+        model = HyenaDNA(HYENADNA_CONFIGS[name]).to(device)
+        model.init_weights()
+        tokens = torch.randint(0, model.args.vocab_size, (1, L), device=device)
+        with torch.no_grad():
+            last_logits = model(tokens)[:, -1]
+        cache[L] = (model, tokens, last_logits)
+    model, tokens, ref = cache[L]
+    engine, options = method_options(method)
+    if engine == "flash":  # tiles per slot: one tile for every slot at L = 2^18 would hold GBs of FFT buffers
+        options["batch_layers"] = False
+    state = new_decode_state(model, engine, 1, length=L, **options)
+    if engine == "flash":
+        _choose_taus(state.engine)
+    timed = _generate(state, tokens, device, budget)
+    if timed is None:
+        return None
+    logits, times = timed
+    return dict(**times, decode="eager", max_abs_err=(logits - ref).abs().max().item(), layers=model.args.n_layer,
+                model=name,
+                extrapolated=False, **_plan(state.engine))
+
+
+def _choose_taus(engine) -> None:
+    """Hybrid tau's timed choice for every tile size, made before the clock starts (on the engine's zero inputs)."""
+    for U in engine.sizes:
+        if U > engine.c_tiles:
+            taus = [engine.tau] if engine.batched[U] else engine.slot_taus
+            rows = engine.y_rows if engine.batched[U] else engine.y_rows[: engine.D]
+            for tau in taus:
+                tau(rows[..., :U])
+
+
+def extrapolate_lazy(records: list[dict], lengths: list[int]) -> list[dict]:
+    """lazy at the lengths it was not run at: its time per token is linear in L (each step reads the whole history),
+    a + b L fitted to its measured records (at least two); marked extrapolated."""
+    measured = [r for r in records if r["method"] == "lazy" and not r["extrapolated"]]
+    if len(measured) < 2:
+        return []
+    Ls = torch.tensor([float(r["seq_len"]) for r in measured], dtype=torch.float64)
+    per_token = torch.tensor([r["us_per_token"] for r in measured], dtype=torch.float64)
+    slope, intercept = torch.linalg.lstsq(torch.stack([Ls, torch.ones_like(Ls)], 1), per_token[:, None]).solution[:, 0]
+    done = {r["seq_len"] for r in measured}
+    out = []
+    for L in lengths:
+        if L not in done:
+            us = (slope * L + intercept).item()
+            out.append(dict(measured[-1], seq_len=L, us_per_token=us, total_s=us * (L - 1) * 1e-6, mixer_s=None,
+                            wall_s=None, max_abs_err=None, extrapolated=True))
+    return out
+
+
+def run_model(args, lengths: list[int], methods: list[str], device: torch.device, budget: float) -> list[dict]:
+    records, over, cache = [], set(), {}
+    for L in sorted(lengths):
+        for method in methods:
+            if method in over:
+                continue
+            limit = budget if method in QUADRATIC and sum(r["method"] == method for r in records) >= 2 else float("inf")
+            rec = bench_hyenadna(method, L, args.model, device, limit, cache)
+            if rec is None:
+                over.add(method)
+                print(f"  {method}: stopped at L={L} after the {budget:.0f} s budget; extrapolated from here")
+                continue
+            records.append(_record(rec, "e2e", method, L, 1, HYENADNA_CONFIGS[args.model].d_model, device))
+            print(f"  {args.model} {method} L={L}: {rec['total_s']:.1f} s, {records[-1]['us_per_token']:.0f} "
+                  f"us/token, err {rec['max_abs_err']:.1e}", flush=True)
+            next_L = min((x for x in lengths if x > L), default=None)
+            measured = sum(r["method"] == method for r in records)
+            # lazy's slope needs two lengths: the budget stops it from its third on
+            if method in QUADRATIC and next_L and measured >= 2 and rec["total_s"] * (next_L / L) ** 2 > budget:
+                over.add(method)
+                print(f"  {method}: predicted over the {budget:.0f} s budget from L={next_L}; extrapolated from there")
+    if "lazy" in methods:
+        records += extrapolate_lazy(records, lengths)
+    return records
+
+
+def _record(rec: dict, part: str, method: str, L: int, B: int, channels: int, device: torch.device) -> dict:
+    rec = dict(part=part, method=method, seq_len=L, batch=B, channels=channels, threads=torch.get_num_threads(),
+               device=str(device), **rec)
+    rec["us_per_token"] = rec["total_s"] / (L - 1) * 1e6
+    rec["tokens_per_s"] = (L - 1) / rec["total_s"]
+    return rec
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m lcsm.bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small lengths, e2e at 256 only (< 30 s)")
@@ -235,6 +341,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block", type=int, help="flash: the base block, below which a step sums its block itself "
                    "(a power of two; default 64 with the C step, 16 with tensor ops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", choices=list(HYENADNA_CONFIGS), help="e2e generation by a HyenaDNA of that published "
+                   "configuration (random weights): flash vs lazy at batch 1, lengths 2^12 .. 2^18 by default, "
+                   "lazy extrapolated beyond its budget (default 120 s)")
     return p.parse_args(argv)
 
 
@@ -281,9 +390,7 @@ def run_part(part: str, B: int, lengths: list[int], methods: list[str], args, de
                 over.add(method)
                 print(f"  {part} {method} B={B}: stopped at L={L} after the {budget:.0f} s budget; skipped from here")
                 continue
-            rec = dict(part=part, method=method, seq_len=L, batch=B, channels=args.channels,
-                       threads=torch.get_num_threads(), device=str(device), **rec)
-            rec["us_per_token"] = rec["total_s"] / (L - 1) * 1e6
+            rec = _record(rec, part, method, L, B, args.channels, device)
             records.append(rec)
             print(f"  {part} {method} B={B} L={L}: {rec['total_s']:.3f} s, err {rec['max_abs_err']:.1e}", flush=True)
             next_L = min((x for x in lengths if x > L), default=None)
@@ -312,6 +419,8 @@ def main(argv: list[str]) -> int:
     device = check_device(args.device)
     check_writable(args.out, "--out", "give another folder")  # before the benchmark, not after it
     out = Path(args.out)
+    if args.model:
+        return main_model(args, device, out)
     lengths = args.lengths or ([2**8, 2**10, 2**12] if args.quick else [2**k for k in range(10, 18)])
     budget = args.budget if args.budget is not None else (3.0 if args.quick else 60.0)
     e2e_max_len = args.e2e_max_len or (2**8 if args.quick else 2**15)
@@ -344,6 +453,29 @@ def main(argv: list[str]) -> int:
     figure = ", ".join(headline + [f"max error {max(r['max_abs_err'] for r in records):.1e}"] * bool(records))
     report_done(f"{len(records)} benchmark runs", time.perf_counter() - start, figure,
                 f"{out} (results.json, results.png)")
+    return 0
+
+
+def main_model(args, device: torch.device, out: Path) -> int:
+    lengths = args.lengths or [2**k for k in range(12, 19)]
+    methods = args.methods or ["flash", "lazy"]
+    budget = args.budget if args.budget is not None else 120.0
+    errors = [f"--model runs flash and lazy; got --methods {' '.join(methods)}" for m in methods
+              if m not in ("flash", "lazy")]
+    errors += [f"--lengths must be in [2, {HYENADNA_CONFIGS[args.model].l_max}] (l_max)" for L in lengths
+               if not 2 <= L <= HYENADNA_CONFIGS[args.model].l_max]
+    if errors:
+        raise UserError(errors[0])
+    torch.set_num_threads(args.threads)
+    timing = "wall time" if device.type == "cuda" else "process CPU time"
+    print(f"lcsm.bench --model {args.model} on {device} ({timing}), {torch.get_num_threads()} thread(s), float32, "
+          f"batch 1, random weights, lazy budget {budget:.0f} s")
+    records = run_model(args, lengths, methods, device, budget)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(records, indent=1))
+    bench_report.plot(records, out / "results.png")
+    print("\n".join(bench_report.model_table(records)))
+    print(f"wrote {out / 'results.json'} and {out / 'results.png'}")
     return 0
 
 

@@ -77,3 +77,21 @@ def print_tiles(records: list[dict]) -> None:
             plan = ", ".join(f"{U}: {how}" for U, how in r["tiles"].items()) or "none"
             print(f"  tiles of {r['part']} {r['method']} B={r['batch']} L={r['seq_len']} (block {r.get('block')}, "
                   f"step: {r.get('step')}): {plan}")
+
+
+def model_table(records: list[dict]) -> list[str]:
+    """lcsm.bench --model: per length, flash's and lazy's time per token and tokens per second (lazy's extrapolated
+    ones marked *), their ratio, and flash's time per token against its shortest length's."""
+    lines = [f"{'L':>7} {'flash us/tok':>12} {'flash tok/s':>11} {'lazy us/tok':>12} {'lazy tok/s':>11} "
+             f"{'lazy/flash':>10} {'flash vs first':>14} {'flash err':>9}"]
+    flash = sorted((r for r in records if r["method"] == "flash"), key=lambda r: r["seq_len"])
+    for r in flash:
+        lazy = find(records, "e2e", "lazy", r["seq_len"], r["batch"])
+        mark = "*" if lazy and lazy.get("extrapolated") else " "
+        lazy_cols = (f"{lazy['us_per_token']:11.0f}{mark} {1e6 / lazy['us_per_token']:10.1f}{mark} "
+                     f"{lazy['us_per_token'] / r['us_per_token']:10.1f}") if lazy else f"{'-':>12} {'-':>11} {'-':>10}"
+        lines.append(f"{r['seq_len']:7d} {r['us_per_token']:12.0f} {r['tokens_per_s']:11.1f} {lazy_cols} "
+                     f"{r['us_per_token'] / flash[0]['us_per_token']:14.2f} {r['max_abs_err']:9.1e}")
+    if any(r.get("extrapolated") for r in records):
+        lines.append("* extrapolated from lazy's measured time per token (a + b L, least squares), not measured")
+    return lines

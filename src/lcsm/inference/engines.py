@@ -4,7 +4,8 @@ Every engine serves G slots (e.g. layers x Hyena orders) that share one clock: a
 stepped in order 0 .. G-1, because a slot's input may depend on the previous slot's output. A slot's input is a
 (B, D) batch x channels. `prefill` consumes a whole prompt exactly (by FFT) and leaves the engine in the state it
 would have reached by stepping through it. All state lives in (G, D, B, L) buffers, so each step is a handful of
-tensor ops vectorized over batch and channels, or for lazy and flash on a CPU one C call (lcsm.inference.native).
+tensor ops vectorized over batch and channels, or for lazy and flash on a CPU one C call (lcsm.inference.accel,
+off with LCSM_ACCEL=0).
 
 - lazy:      z_t as one dot product over the whole history: O(t) per step.
 - eager:     y_t's contribution to every future output at once: O(L - t) per step.
@@ -18,7 +19,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from lcsm.inference import autotune, native
+from lcsm.inference.accel import autotune, native
 from lcsm.inference.tau import Tau, build_tau
 from lcsm.inference.tiles import lowbit
 from lcsm.model.fftconv import fft_causal_conv, next_pow2
@@ -40,7 +41,7 @@ class OnlineConv(abc.ABC):
         self._outputs: list[torch.Tensor] = []  # C steps' outputs to come (_c_io)
 
     def _c_function(self, make, wanted: bool | None):
-        """The engine's step in C (make(device, dtype), lcsm.inference.native) or None. wanted: None where it
+        """The engine's step in C (make(device, dtype), lcsm.inference.accel.native) or None. wanted: None where it
         can be built (float32 or float64 on a CPU with a C compiler), True to require it, False for tensor ops."""
         step = make(self.device, self.dtype) if wanted is not False else None
         if step is None and wanted:
@@ -50,8 +51,7 @@ class OnlineConv(abc.ABC):
 
     def _c_io(self, y_BD: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """A C step's input, contiguous (the caller keeps it alive through the call), and its (B, D) output: `out`,
-        or a fresh one cut from a chunk made once per 1024 steps (0.6-0.9 us a view, against 1-3 us for
-        torch.empty)."""
+        or a fresh one cut from a chunk made once per 1024 steps (a view costs less than torch.empty)."""
         if out is None:
             if not self._outputs:
                 self._outputs = list(torch.empty(1024, self.B, self.D, dtype=self.dtype).unbind(0))
@@ -88,8 +88,8 @@ class OnlineConv(abc.ABC):
 
     def step(self, y_BD: torch.Tensor, slot: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """Consumes y_t (B, D) for one slot and returns z_t (B, D), in `out` where given: a contiguous (B, D)
-        tensor of the engine's dtype and device, e.g. a view of a buffer made once. A fresh output costs about
-        1 us on a CPU, a tenth of flash's whole step at D = 64."""
+        tensor of the engine's dtype and device, e.g. a view of a buffer made once: a fresh output is an
+        allocation, a sizable part of a small step."""
         # Checked on every call (a few hundred ns): a wrong shape would broadcast, a wrong slot corrupt silently.
         if (y_BD.shape != self.step_shape or not 0 <= slot < self.G or y_BD.dtype != self.dtype
                 or y_BD.device != self.device):
@@ -127,9 +127,9 @@ class LazyConv(OnlineConv):
     def __init__(self, rho_GDL, batch, native_step: bool | None = None):
         super().__init__(rho_GDL, batch)
         # Inputs stored position-major, (D, L, B) per slot, so a step is one (1, t) x (t, B) product per channel,
-        # and at B = 1 a product into a preallocated buffer and a sum (3.3x faster than that bmm's batched gemv).
-        # No step allocates: vecdot's per-step (D, B, t) temporaries, between the outputs a caller keeps,
-        # fragmented the heap (8.6 GiB resident after 8K steps at D=64, B=1; 24 GiB before 64K).
+        # and at B = 1 a product into a preallocated buffer and a sum (faster there than that bmm's batched gemv).
+        # No step allocates: per-step (D, B, t) temporaries, between the outputs a caller keeps, fragment the heap
+        # and resident memory grows far beyond the engine's buffers.
         self.y_DLB = list(rho_GDL.new_zeros(self.G, self.D, self.L, self.B).unbind(0))
         self.rho_rev = list(rho_GDL.flip(-1).unsqueeze(2).contiguous().unbind(0))  # (D, 1, L) per slot
         self.product_DL = rho_GDL.new_empty(self.D, self.L) if batch == 1 else None
@@ -199,7 +199,7 @@ class FlashConv(OnlineConv):
     stores y_t and adds its contribution to the rest of its block.
 
     batch_layers: True runs each tile once for all slots (they share the tile size), False once per slot, None
-    (default) chooses per tile size whichever is faster on this machine (lcsm.inference.autotune): one call has
+    (default) chooses per tile size whichever is faster on this machine (accel.autotune): one call has
     less overhead, G calls keep the working set of a long tile in cache.
     native_step: the step as one C call instead of tensor ops (see OnlineConv._c_function); None (default) where
     it can be built. The C step also does the tiles of size block and 2 block itself (`c_tiles`).
@@ -212,9 +212,8 @@ class FlashConv(OnlineConv):
         super().__init__(rho_GDL, batch)
         self.c_step = self._c_function(native.flash_step, native_step)
         # A step sums its block eagerly (O(block) work) and tiles start at the block size: with tensor ops a step
-        # costs its ops, so the block is small; the C step's work is cheap, so it takes over the small tiles. 64
-        # was best or tied at the e2e shape (8 slots, D=64, L=16K: 76 us per position, 99 at 16; at B=8 41 and 45);
-        # one slot at 2^16 ran 10-30% faster still at 128-256, in noisy runs.
+        # costs its ops, so the block is small; the C step's work is cheap, so it takes over the small tiles
+        # (benchmarks/RESULTS.md has the measurements behind 64 and 16).
         block = block or (64 if self.c_step else 16)
         if block < 1 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 1, got {block}")
@@ -223,8 +222,8 @@ class FlashConv(OnlineConv):
         # Rows (slot, channel) as tau takes them, one buffer for the past and the future: position p holds the tiles'
         # sums for output p until p's block begins (the step copies them out), then, once the block is complete, the
         # input y_p. A tile after step t reads inputs <= t and adds to outputs > t, and every sum for p arrives
-        # before p's block begins, so the two never meet. One buffer instead of two halves the engine's memory (at
-        # 2^16, D = 64: 17 MB against 34, under this CPU's 32 MB L3; the mixer there ran 0.74 s against 0.82).
+        # before p's block begins, so the two never meet. One buffer instead of two halves the engine's memory (and
+        # its working set in cache).
         self.y_rows = self.acc_rows = rho_GDL.new_zeros(G * D, B, L + b)
         self.y_slot = self.acc_slot = self.y_rows.view(G, D, B, L + b)
         # Each slot's current block, position-major: the partial sums of its outputs A, then its inputs Y, in one

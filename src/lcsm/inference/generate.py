@@ -4,6 +4,8 @@ python -m lcsm.generate --prompt "The history of" [--checkpoint outputs/hyena_de
     [--config configs/lcsm/hyena_debug.toml] [--engine flash|lazy|eager|recompute|all] [--max-new-tokens 64]
     [--decode native|compiled|eager]
     [--section.key value ...]   (titan overrides the model was trained with, e.g. --model.dim 32)
+python -m lcsm.generate --hf DIR --prompt ACGT... [--engine ...] [--max-new-tokens N]
+    (a HyenaDNA checkpoint folder, see lcsm.hf; the prompt in HyenaDNA's characters)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lcsm.inference.decode import DECODES, default_decode, new_decode_state
 from lcsm.inference.engines import ENGINES
@@ -24,10 +27,11 @@ from titan.tools.cli import UserError, entry_point, report_done, run
 
 
 @torch.no_grad()
-def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
+def generate(model: nn.Module, prompt_BP: torch.Tensor, max_new_tokens: int, engine: str = "flash",
              temperature: float = 0.0, generator: torch.Generator | None = None, decode: str = "eager",
              **flash_options) -> torch.Tensor:
-    """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0."""
+    """Prompt (B, P) -> prompt followed by max_new_tokens tokens (B, P + max_new_tokens); greedy at temperature 0.
+    The model: a HyenaLM or a HyenaDNA; the engine's filters cover the positions the generation uses."""
     B, P = prompt_BP.shape
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -36,7 +40,7 @@ def generate(model: HyenaLM, prompt_BP: torch.Tensor, max_new_tokens: int, engin
             f"prompt ({P}) + max_new_tokens ({max_new_tokens}) needs {P + max_new_tokens - 1} positions but the "
             f"filters cover max_seq_len = {model.args.max_seq_len}; shorten the prompt or generate fewer tokens"
         )
-    state = new_decode_state(model, engine, B, decode=decode, **flash_options)
+    state = new_decode_state(model, engine, B, decode=decode, length=P + max_new_tokens - 1, **flash_options)
     logits = state.prefill(prompt_BP)[:, -1]
     new = []
     for i in range(max_new_tokens):
@@ -64,8 +68,7 @@ def load_model(config_path: str, checkpoint: str, overrides: list[str]):
                         f"lcsm.generate runs hyena flavors ({', '.join(hyena_flavors)}): give a hyena config")
     tokenizer = build_tokenizer(job_config)
     args = hyena_flavors[job_config.model.flavor]
-    overrides = {k: getattr(job_config.model, k) for k in ("dim", "n_layers") if getattr(job_config.model, k)}
-    args = update_model_args(dataclasses.replace(args, **overrides), job_config, tokenizer)
+    args = update_model_args(dataclasses.replace(args, **job_config.model.args), job_config, tokenizer)
     model = HyenaLM(args)
     model.init_weights()
     if checkpoint:
@@ -84,6 +87,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    "and tokenizer")
     p.add_argument("--checkpoint", default="", help="a titan checkpoint folder (.../checkpoint/step-N); "
                    "without it the weights are random")
+    p.add_argument("--hf", default="", help="a HyenaDNA checkpoint folder (published or -hf layout) instead of a "
+                   "titan config and checkpoint")
     p.add_argument("--engine", default="flash", help=f"one of {', '.join(ENGINES)}, or all (checks that the "
                    "greedy tokens agree)")
     p.add_argument("--tau", default="hybrid", help=f"flash's tile implementation: {', '.join(TAUS)}")
@@ -107,17 +112,30 @@ def main(argv: list[str]) -> int:
         (args.tau not in TAUS, f"--tau must be one of {', '.join(TAUS)}"),
         (args.max_new_tokens < 1, "--max-new-tokens must be >= 1"),
         (args.temperature < 0, "--temperature must be >= 0"),
-        (not Path(args.config).is_file(), f"--config {args.config} is not a file; give a hyena TOML"),
+        (not args.hf and not Path(args.config).is_file(), f"--config {args.config} is not a file; give a hyena TOML"),
         (args.checkpoint and not Path(args.checkpoint).is_dir(), f"--checkpoint {args.checkpoint} is not a folder"),
+        (args.hf and (args.checkpoint or overrides), "--hf loads a HyenaDNA checkpoint by itself; drop --checkpoint "
+         "and the --section.key overrides"),
+        (args.hf and args.decode not in (None, "eager"), f"--decode {args.decode} folds a Hyena LM's weights; a "
+         "HyenaDNA checkpoint decodes eagerly: drop --decode"),
     ]
     for bad, message in problems:
         if bad:
             raise UserError(message)
+    if not args.prompt:
+        raise UserError("--prompt is empty; give at least one character")
     torch.manual_seed(args.seed)
-    tokenizer, model = load_model(args.config, args.checkpoint, overrides)
-    if not args.checkpoint:
-        print("note: no --checkpoint, so the weights are random and the text is noise", file=sys.stderr)
-    prompt = torch.tensor([tokenizer.encode(args.prompt, bos=True, eos=False)])
+    if args.hf:
+        from lcsm import hf
+        from lcsm.model.hyenadna import CharacterTokenizer
+
+        model, tokenizer = hf.load(args.hf), CharacterTokenizer()
+        prompt = torch.tensor([tokenizer.encode(args.prompt)])
+    else:
+        tokenizer, model = load_model(args.config, args.checkpoint, overrides)
+        if not args.checkpoint:
+            print("note: no --checkpoint, so the weights are random and the text is noise", file=sys.stderr)
+        prompt = torch.tensor([tokenizer.encode(args.prompt, bos=True, eos=False)])
     if prompt.shape[1] + args.max_new_tokens - 1 > model.args.max_seq_len:
         raise UserError(f"prompt ({prompt.shape[1]} tokens) + --max-new-tokens {args.max_new_tokens} exceed the "
                         f"model's max_seq_len {model.args.max_seq_len}; shorten the prompt or generate fewer tokens")

@@ -15,7 +15,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from lcsm.inference import autotune
+from lcsm.inference import accel
+from lcsm.inference.accel import autotune
 from lcsm.model.fftconv import next_pow2
 
 
@@ -119,12 +120,15 @@ class TritonTau(Tau):
         self.prepared[U] = self.rho_pad  # the kernel reads the lags in place
 
     def __call__(self, y_RBU):
-        from lcsm.inference.tau_triton import toeplitz_tile
+        from lcsm.inference.accel.tau_triton import toeplitz_tile
 
         return toeplitz_tile(y_RBU.contiguous(), self.rho_pad)
 
 
 def triton_available(device: torch.device) -> bool:
+    """Triton and a CUDA device (or its CPU interpreter, TRITON_INTERPRET=1), the accelerations on."""
+    if not accel.enabled():
+        return False
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -136,7 +140,7 @@ def triton_available(device: torch.device) -> bool:
 
 class HybridTau(Tau):
     """Per tile size, the fastest of the other taus on this machine: timed once per machine and tile shape, and
-    cached on disk (lcsm.inference.autotune)."""
+    cached on disk (lcsm.inference.accel.autotune)."""
 
     name = "hybrid"
     quadratic_max_U = 1024  # the O(U^2) taus lose to the FFT well before this (and direct's matrices cost R U^2)

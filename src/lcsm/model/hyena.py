@@ -224,9 +224,11 @@ class HyenaLM(nn.Module):
         """HyenaLM keeps no non-persistent buffers: its filters are computed from parameters."""
 
     @torch.no_grad()
-    def inference_filters(self) -> torch.Tensor:
-        """Every long-convolution filter over the full max_seq_len: (layers x order, dim, max_seq_len)."""
-        L, N = self.args.max_seq_len, self.args.order
+    def inference_filters(self, length: int | None = None) -> torch.Tensor:
+        """Every long-convolution filter: (layers x order, dim, length), over max_seq_len unless a length is given."""
+        L, N = length or self.args.max_seq_len, self.args.order
+        if not 1 <= L <= self.args.max_seq_len:
+            raise ValueError(f"length must be in [1, {self.args.max_seq_len}] (max_seq_len), got {L}")
         return torch.cat([b.mixer.filter(L).view(-1, N, L).transpose(0, 1) for b in self.layers.values()])
 
 

@@ -41,6 +41,9 @@ RECIPES: dict[str, dict[str, str]] = {
     "selective_ac": {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "op"},
     "float8": {"float8.enable": "true", "float8.recipe": "tensorwise"},
     "float8_rowwise": {"float8.enable": "true", "float8.recipe": "rowwise"},
+    # The two float8 implementations side by side (float8 alone picks torchao where its kernels run).
+    "float8_titan": {"float8.enable": "true", "float8.recipe": "tensorwise", "float8.backend": "titan"},
+    "float8_torchao": {"float8.enable": "true", "float8.recipe": "tensorwise", "float8.backend": "torchao"},
     "fp32": {"training.mixed_precision_param": "float32"},
 }
 

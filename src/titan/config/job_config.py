@@ -23,6 +23,9 @@ class Job:
     """Free text saved with the run."""
     print_config: bool = False
     """Log the resolved config (as TOML) when the run starts."""
+    overwrite: bool = False
+    """Let a new run (nothing to resume) remove another run's metrics.jsonl and tensorboard files in dump_folder;
+    without it such a run stops before writing anything."""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -305,6 +308,9 @@ class Float8:
     """Train linear layers in float8."""
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """Scaling granularity."""
+    backend: Literal["auto", "torchao", "titan"] = "auto"
+    """auto: torchao's Float8Linear where its float8 kernels run (CUDA sm89+, sm90+ for rowwise; the `float8`
+    extra installs it), else titan's own (exact emulation on a CPU). torchao off those GPUs runs emulated."""
     enable_fsdp_float8_all_gather: bool = False
     """With FSDP: all-gather float8 linear weights in float8 (half of bf16's bytes); tensorwise recipe only."""
     filter_fqns: list[str] = field(default_factory=lambda: ["output"])

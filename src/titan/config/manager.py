@@ -174,9 +174,16 @@ class ConfigManager(Generic[C]):
     def _assign(self, values: dict[str, dict[str, Any]], section: str, key: str, value: Any, from_cli: bool) -> None:
         if section not in self.sections:
             raise ConfigError(f"unknown config section [{section}]; known sections: {', '.join(self.sections)}")
-        hints = typing.get_type_hints(self.sections[section])
-        if key not in hints:
-            raise ConfigError(f"unknown key {section}.{key}; keys of [{section}]: {', '.join(hints)} (see --help)")
+        cls = self.sections[section]
+        hints = typing.get_type_hints(cls)
+        open_keys = getattr(cls, "OPEN_KEYS", "")
+        if open_keys and key not in hints:
+            # Another owner's key (the model family's): kept as given, checked and converted by the section.
+            values.setdefault(section, {}).setdefault(open_keys, {})[key] = value
+            return
+        if key not in hints or key == open_keys:
+            known = ", ".join(k for k in hints if k != open_keys)
+            raise ConfigError(f"unknown key {section}.{key}; keys of [{section}]: {known} (see --help)")
         tp = hints[key]
         try:
             converted = from_string(tp, value) if from_cli else check_toml_value(tp, value)
@@ -251,6 +258,9 @@ class ConfigManager(Generic[C]):
             lines.append(f"\n[{section}]")
             docs, hints = field_docs(cls), typing.get_type_hints(cls)
             for f in dataclasses.fields(cls):
+                if f.name == getattr(cls, "OPEN_KEYS", ""):
+                    lines.append(f"  --{section}.<field> (the family's type)\n      {docs.get(f.name, '')}")
+                    continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 lines.append(f"  --{section}.{f.name} ({describe_type(hints[f.name])}, default {default!r})")
                 lines.append(f"      {docs.get(f.name, '')}")
@@ -258,7 +268,14 @@ class ConfigManager(Generic[C]):
 
     @staticmethod
     def to_dict(config: C) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(config)
+        """Every section's keys, a section's open keys among its own as they are given."""
+        out = {}
+        for f in dataclasses.fields(config):
+            section = getattr(config, f.name)
+            table = dataclasses.asdict(section)
+            extra = table.pop(getattr(section, "OPEN_KEYS", ""), {})
+            out[f.name] = {**table, **extra}
+        return out
 
     def to_toml(self, config: C) -> str:
         """Serializes a config as TOML that `parse_args` reads back to an equal config."""

@@ -63,8 +63,8 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "activation_checkpoint.preserve_rng_state": (True, "the RNG state is always preserved"),
     "activation_checkpoint.determinism_check": ("default", "torch's default check runs"),
     "activation_checkpoint.debug": (False, "no activation checkpoint debug output"),
-    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": (False, "float8 scales are computed "
-                                                                        "per matmul"),
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": (False, "with float8 all-gather the scales "
+                                                                        "are always precomputed, once per step"),
     "quantize.linear.float8.emulate": (False, "float8 is emulated exactly where the device lacks float8 matmuls"),
     "comm.save_traces_folder": ("comm_traces", "flight-recorder dumps go to <dump_folder>/comm_traces"),
     "comm.save_traces_file_prefix": ("rank_", "flight-recorder dumps are named by rank"),

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import loss_parallel
 
 
@@ -18,22 +18,34 @@ def _spec_key(t: torch.Tensor):
 def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
     """Global L2 norm of the gradients (over all shards and pipeline stages), clipped in place to `max_norm`.
 
-    Norms accumulate in float64: torch's float32 CPU norm of a million-element gradient is off by ~3e-4
-    relative, enough to make layouts disagree on the clip factor. Gradients may mix plain tensors and
-    DTensors on different meshes (e.g. replicated and sharded parameters of one model): each kind is reduced
-    on its own, then the squares are added.
+    The result stays on the device (no host sync). Norms accumulate in float64: torch's float32 CPU norm of a
+    million-element gradient is off by ~3e-4 relative, enough to make layouts disagree on the clip factor.
+    Gradients may mix plain tensors and DTensors on different meshes (e.g. replicated and sharded parameters of
+    one model): each kind is reduced on its own, one `_foreach_norm` over its local shards, then the squares are
+    added.
     """
     groups: dict = defaultdict(list)
     for p in parameters:
         if p.grad is not None:
             groups[_spec_key(p.grad)].append(p)
-    total_sq = torch.zeros((), dtype=torch.float64)
-    for params in groups.values():
-        norms = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in params])
-        group_norm = torch.linalg.vector_norm(norms)
-        if isinstance(group_norm, DTensor):
-            group_norm = group_norm.full_tensor()
-        total_sq = total_sq.to(group_norm.device) + group_norm**2
+    device = parameters[0].device if parameters else torch.device("cpu")
+    total_sq = torch.zeros((), dtype=torch.float64, device=device)
+    for key, params in groups.items():
+        grads = [p.grad for p in params]
+        if key is not None:
+            # DTensor's own _foreach_norm rejects dtype: norms of the local shards, their squares summed over the
+            # mesh dims that shard. Unreduced (partial) gradients, e.g. of norms under sequence parallel, are
+            # reduced first.
+            mesh, placements = key
+            if any(pl.is_partial() for pl in placements):
+                placements = tuple(Replicate() if pl.is_partial() else pl for pl in placements)
+                grads = [g.redistribute(mesh, placements) for g in grads]
+            grads = [g.to_local() for g in grads]
+        group_sq = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64))) ** 2
+        if key is not None:
+            summed = [Partial("sum") if pl.is_shard() else Replicate() for pl in placements]
+            group_sq = DTensor.from_local(group_sq, mesh, summed).full_tensor()
+        total_sq = total_sq + group_sq.to(device)
     if pp_group is not None:
         # Each pipeline rank holds other parameters: add the squares over stages.
         dist.all_reduce(total_sq, group=pp_group)

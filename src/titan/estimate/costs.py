@@ -108,7 +108,8 @@ def layer_params(args) -> dict[str, int]:
     q_dim = args.n_heads * args.head_dim
     return {"wq": args.dim * q_dim, "wk": args.dim * kv_dim, "wv": args.dim * kv_dim, "wo": q_dim * args.dim,
             "w1": args.dim * args.ffn_hidden_dim, "w2": args.ffn_hidden_dim * args.dim,
-            "w3": args.dim * args.ffn_hidden_dim, "norms": 2 * args.dim}
+            "w3": args.dim * args.ffn_hidden_dim,
+            "norms": 2 * args.dim + (2 * args.head_dim if getattr(args, "qk_norm", False) else 0)}
 
 
 def block_activation_elems(args, tp: int, kind: str) -> float:
@@ -126,6 +127,8 @@ def block_activation_elems(args, tp: int, kind: str) -> float:
         return D / tp + H * hd + Hkv * hd + F / tp + D + H * hd
     norms = 2 * D / tp + 2 * D
     attention = (H + 2 * Hkv) * hd + 2 * (H + Hkv) * hd + 3 * H * hd + 2 * H * hd
+    if getattr(args, "qk_norm", False):  # the per-head norms keep their inputs
+        attention += (H + Hkv) * hd
     return norms + attention + 4 * F / tp
 
 
@@ -249,14 +252,16 @@ def _fsdp_collectives(col: Collectives, lay: Layout, info: RankInfo, unsharded: 
 
     elems = per_round("block_params", unsharded)
     float8_elems = per_round("block_float8_params", sum(sum(p.block_float8_params) for p in info.parts))
-    float8_gathers = per_round("block_float8_weights", sum(sum(p.block_float8_weights) for p in info.parts))
+    float8_weights = sum(sum(p.block_float8_weights) for p in info.parts)
     gathers = gather_rounds * (units + (units - len(kept) if lay.reshard_after_forward else 0))
     syncs = (lay.accum if dims.pp_enabled else 1) * units
     col.add("fsdp", shard_inner, shard_size, "all_gather", gathers,
             gather_rounds * ((elems - float8_elems) * lay.param_bytes + float8_elems) / gathers, True)
-    # Float8 all-gather: each weight's scale first takes the amax over its shards, and under TP over the TP group.
+    # Float8 all-gather: after the optimizer step one all-reduce per part takes every weight's amax over its shards
+    # (and under TP over the TP group), as torchao's precompute_float8_dynamic_scale_for_fsdp.
+    calls = sum(1 for p in info.parts if sum(p.block_float8_weights))
     for inner, size in ((shard_inner, shard_size), ("tp", dims.tp)):
-        col.add("fsdp", inner, size, "all_reduce", gather_rounds * float8_gathers, 4, True)
+        col.add("fsdp", inner, size, "all_reduce", calls, 4 * float8_weights / max(calls, 1), True)
     col.add("fsdp", shard_inner, shard_size, "reduce_scatter", syncs, unsharded * lay.reduce_bytes / units, True)
     if dims.fsdp_enabled and dims.dp_replicate > 1:
         col.add("hsdp", "dp_replicate", dims.dp_replicate, "all_reduce", syncs, local * lay.reduce_bytes / units,

@@ -6,13 +6,17 @@ A config names a model by `model.name`; a model of another package (lcsm, morphe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import types
+import typing
+from typing import Any, Literal
 
 from titan.protocols.model_spec import ModelSpec
 from titan.tools.cli import UserError
 
 # name -> the module whose import registers it; imported on first use, so `import titan` stays light.
-BUILTIN_MODELS = {"llama3": "titan.models.llama3"}
+BUILTIN_MODELS = {"llama3": "titan.models.llama3", "qwen3": "titan.models.qwen3"}
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
@@ -40,3 +44,40 @@ def get_model_spec(name: str, spec_module: str = "") -> ModelSpec:
             "(a model from another package needs model.spec = 'package.module')"
         )
     return _REGISTRY[name]
+
+
+def _settable(tp: Any) -> Any:
+    """The config type of an args field: `X | None` as X; None for a type no config value can give."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        arms = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = arms[0] if len(arms) == 1 else None
+    if tp in (bool, int, float, str) or typing.get_origin(tp) is Literal:
+        return tp
+    return None
+
+
+def model_arg_overrides(name: str, spec_module: str, given: dict[str, Any]) -> dict[str, Any]:
+    """`--model.<field>` keys checked against the family's args dataclass and converted to its field types (a
+    command-line string is parsed, a file's value type-checked); one line for a key the family lacks."""
+    from titan.config.manager import ConfigError, check_toml_value, describe_type, from_string
+
+    spec = get_model_spec(name, spec_module)
+    args_type = type(next(iter(spec.flavors.values()), None))
+    if not dataclasses.is_dataclass(args_type):
+        raise ConfigError(f"model.{next(iter(given))}: model {name} has no architecture fields to set")
+    hints = typing.get_type_hints(args_type)
+    fields = [f.name for f in dataclasses.fields(args_type) if f.init]
+    out = {}
+    for key, value in given.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key model.{key}: model {name} has no such field; its architecture fields: "
+                              f"{', '.join(fields)} (or [model] keys: see --help)")
+        tp = _settable(hints[key])
+        if tp is None:
+            raise ConfigError(f"model.{key} of {name} cannot be set from a config; use another flavor")
+        try:
+            out[key] = from_string(tp, value) if isinstance(value, str) and tp is not str else check_toml_value(
+                tp, value)
+        except (ValueError, TypeError):
+            raise ConfigError(f"model.{key} must be {describe_type(tp)}, got {value!r}") from None
+    return out

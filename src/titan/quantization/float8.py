@@ -15,12 +15,19 @@ under TP calls `_scaled_mm` on the DTensors (torch shards it, with the scales re
 With FSDP2, tensorwise weights can also be all-gathered in float8 (Float8AllGatherWeight), with tensor parallel
 too: each shard is quantized with the scale of the whole weight's amax (over the FSDP and TP groups), and the
 gathered weight is dequantized into the compute dtype, exactly, so the matmul's own quantization of it loses
-nothing more.
+nothing more. `precompute_float8_scales` finds every such weight's amax in one all-reduce after the optimizer step,
+as torchao's precompute_float8_dynamic_scale_for_fsdp does.
+
+`float8.backend` auto uses torchao's Float8Linear (the `float8` extra) where its float8 kernels run (CUDA sm89+,
+sm90+ for rowwise); this module's classes remain for the CPU and as the reference torchao is tested against.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib.util
+import math
 
 import torch
 import torch.distributed as dist
@@ -29,6 +36,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
 E4M3 = torch.float8_e4m3fn
@@ -185,6 +193,8 @@ class Float8AllGatherWeight(torch.Tensor):
     def __init__(self, tensor: torch.Tensor, amax_groups: tuple = ()):
         self._tensor = tensor
         self._amax_groups = amax_groups
+        # The whole weight's amax, set by precompute_float8_scales for the next all-gathers.
+        self._precomputed_amax: torch.Tensor | None = None
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -211,9 +221,11 @@ class Float8AllGatherWeight(torch.Tensor):
 
     def fsdp_pre_all_gather(self, mesh: DeviceMesh, outer_size: torch.Size, outer_stride, module, mp_policy):
         # One tensorwise scale for the whole weight: the max of the shards' amax (a shard may be empty).
-        amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
-        for group in (mesh.get_group(), *self._amax_groups):
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        amax = self._precomputed_amax
+        if amax is None:
+            amax = self._tensor.abs().amax().float() if self._tensor.numel() else torch.zeros((), device=self.device)
+            for group in (mesh.get_group(), *self._amax_groups):
+                dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
         data, inv_scale = quantize(self._tensor, E4M3, amax=amax)
         rows = -(-outer_size[0] // mesh.size())
         if data.shape[0] < rows:
@@ -247,13 +259,33 @@ def _all_gather_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def enable_float8_all_gather(model: nn.Module) -> int:
     """Wraps the weights of `model`'s Float8Linear modules (plain, or TP DTensors) so FSDP2 all-gathers them in
-    float8 (call after tensor parallel, before fully_shard); returns how many."""
+    float8 (call after tensor parallel, before fully_shard); returns how many, counting those torchao's
+    conversion wrapped already."""
     wrapped = 0
     for module in model.modules():
         if isinstance(module, Float8Linear):
             module.weight = nn.Parameter(_all_gather_weight(module.weight), module.weight.requires_grad)
             wrapped += 1
+        elif type(getattr(module, "weight", None)).__name__ == "WeightWithDynamicFloat8CastTensor":
+            wrapped += 1
     return wrapped
+
+
+@torch.no_grad()
+def precompute_float8_scales(model: nn.Module) -> None:
+    """After the optimizer step: the amax of every weight FSDP all-gathers in float8, in one all-reduce for all of
+    them (instead of one per weight and gather). titan's Float8AllGatherWeight and torchao's weights alike."""
+    ours = [m.weight for m in model.modules() if isinstance(m, Float8Linear) and isinstance(m.weight, DTensor)
+            and isinstance(m.weight._local_tensor, Float8AllGatherWeight)]
+    if ours:
+        # DTensor reduces the shards' inf-norms (Partial max) in one all-reduce over every mesh dim that shards.
+        amax = torch.stack(torch._foreach_norm(ours, ord=math.inf)).full_tensor().float()
+        for i, weight in enumerate(ours):
+            weight._local_tensor._precomputed_amax = amax[i]
+    elif importlib.util.find_spec("torchao") is not None:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def is_float8_eligible(fqn: str, linear: nn.Linear, filter_fqns: tuple[str, ...] | list[str] = ("output",)) -> bool:
@@ -264,14 +296,25 @@ def is_float8_eligible(fqn: str, linear: nn.Linear, filter_fqns: tuple[str, ...]
     return linear.in_features % FP8_ALIGNMENT == 0 and linear.out_features % FP8_ALIGNMENT == 0
 
 
+def float8_backend(float8_config, device: torch.device) -> str:
+    """`float8.backend` resolved: torchao where its kernels run and it is installed (auto), else titan."""
+    if float8_config.backend != "auto":
+        return float8_config.backend
+    fast = scaled_mm_supported(device, float8_config.recipe)
+    return "torchao" if fast and importlib.util.find_spec("torchao") is not None else "titan"
+
+
 def apply_float8(model: nn.Module, float8_config, device: torch.device | None = None) -> int:
-    """Swaps the eligible nn.Linear modules of `model` for Float8Linear in place; returns how many."""
+    """Swaps the eligible nn.Linear modules of `model` for a float8 linear (torchao's or ours, see float8_backend)
+    in place; returns how many."""
     if not float8_config.enable:
         return 0
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     recipe = float8_config.recipe
     use_scaled_mm = scaled_mm_supported(device, recipe)
+    if float8_backend(float8_config, device) == "torchao":
+        return apply_torchao_float8(model, float8_config, emulate=not use_scaled_mm)
     swapped, skipped = 0, []
     for fqn, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
@@ -289,4 +332,34 @@ def apply_float8(model: nn.Module, float8_config, device: torch.device | None = 
         path = f"emulation (fast float8 kernels need CUDA sm{'90' if recipe == 'rowwise' else '89'}+, this is {here})"
     logger.info(f"float8 {recipe}: swapped {swapped} linear layers, kept {skipped or 'none'} in high precision; "
                 f"matmuls via {path}")
+    return swapped
+
+
+def torchao_config(recipe: str, emulate: bool, fsdp_all_gather: bool = False):
+    """torchao's Float8LinearConfig for `recipe`, with scales rounded down to powers of two as ours are (its
+    rowwise recipe does that already), so both give the same numbers."""
+    from torchao.float8 import Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return dataclasses.replace(config, emulate=emulate, round_scales_to_power_of_2=True,
+                               enable_fsdp_float8_all_gather=fsdp_all_gather)
+
+
+def apply_torchao_float8(model: nn.Module, float8_config, emulate: bool) -> int:
+    """torchao's convert_to_float8_training on the layers is_float8_eligible picks; returns how many."""
+    if importlib.util.find_spec("torchao") is None:
+        raise UserError("float8.backend torchao needs torchao: pip install 'titan-suite[float8]' (or pass "
+                        "--float8.backend titan)")
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear as TorchaoFloat8Linear
+
+    if float8_config.enable_fsdp_float8_all_gather and emulate:
+        raise UserError("float8.backend torchao all-gathers float8 tensors, which gloo cannot send: on a CPU pass "
+                        "--float8.backend titan (or drop --float8.enable_fsdp_float8_all_gather)")
+    config = torchao_config(float8_config.recipe, emulate, float8_config.enable_fsdp_float8_all_gather)
+    convert_to_float8_training(model, config=config,
+                               module_filter_fn=lambda m, fqn: is_float8_eligible(fqn, m, float8_config.filter_fqns))
+    swapped = sum(isinstance(m, TorchaoFloat8Linear) for m in model.modules())
+    how = "emulated (no float8 kernels on this device)" if emulate else "torch._scaled_mm"
+    logger.info(f"float8 {float8_config.recipe}: torchao swapped {swapped} linear layers; matmuls {how}")
     return swapped

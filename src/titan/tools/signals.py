@@ -1,8 +1,9 @@
 """SIGINT / SIGTERM during training (Ctrl-C, a preempted SLURM job): finish the step, then stop on every rank.
 
 Inside `StopSignals` the first signal only sets a flag. Each step's loss all-reduce carries the flags too (no
-collective or host sync of its own), so the ranks agree: one rank's signal stops them all after the same step,
-which writes a checkpoint and raises Interrupted.
+collective of its own) and the host reads them with the loss, on logged and checkpointed steps only (no host sync
+between them), so the ranks agree: one rank's signal stops them all after the same such step, which writes a
+checkpoint and raises Interrupted. A single process stops after the step under way.
 A repeat within REPEAT_S of the first is the same signal delivered twice (by the terminal to the whole process
 group and again by torchrun to its workers) and is ignored; a later one stops at once, for a step that hangs.
 """

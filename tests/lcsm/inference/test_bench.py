@@ -5,7 +5,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from lcsm.inference import native
+from lcsm.inference.accel import native
 from lcsm.inference.bench import gc_paused, main
 
 
@@ -99,3 +99,23 @@ def test_timed_loops_pause_the_garbage_collector_and_leave_it_as_it_was():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_bench_model_runs_hyenadna_and_extrapolates_lazy(tmp_path, capsys):
+    """--model: a published HyenaDNA configuration with random weights; lazy runs at the two shortest lengths
+    whatever the budget, and beyond the budget its time per token is a + b L through them, marked."""
+    argv = ["--model", "hyenadna-tiny-1k", "--lengths", "32", "64", "128", "--budget", "0", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    records = json.loads((tmp_path / "results.json").read_text())
+    lazy = {r["seq_len"]: r for r in records if r["method"] == "lazy"}
+    flash = {r["seq_len"]: r for r in records if r["method"] == "flash"}
+    assert sorted(flash) == sorted(lazy) == [32, 64, 128]
+    assert not lazy[32]["extrapolated"] and not lazy[64]["extrapolated"] and lazy[128]["extrapolated"]
+    slope = (lazy[64]["us_per_token"] - lazy[32]["us_per_token"]) / 32
+    assert lazy[128]["us_per_token"] == pytest.approx(lazy[64]["us_per_token"] + 64 * slope)
+    assert lazy[128]["max_abs_err"] is None
+    assert all(r["max_abs_err"] < 1e-4 and r["tokens_per_s"] > 0 and r["model"] == "hyenadna-tiny-1k"
+               for r in flash.values())
+    out = capsys.readouterr().out
+    assert "* extrapolated from lazy's measured time per token" in out
+    assert f"{128:7d} {flash[128]['us_per_token']:12.0f}" in out

@@ -1,9 +1,11 @@
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from lcsm.inference import native
-from lcsm.inference.block_exit import CompileError
-from lcsm.inference.decode import new_decode_state
+from lcsm.inference.accel import native
+from lcsm.inference.accel.block_exit import CompileError
+from lcsm.inference.decode import fold_norm, new_decode_state, rms_scale
 from tests.lcsm.conftest import TINY_ARGS as ARGS
 from tests.lcsm.conftest import tiny_hyena
 
@@ -125,3 +127,12 @@ def test_compiled_decode_is_built_once_per_shape_then_loaded(compiled_states, mo
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
     with pytest.raises(CompileError, match=r"failed \(RuntimeError: Compiler: cc is not found.\); .*eager\|native"):
         new_decode_state(model, "lazy", 3, decode="compiled")  # another batch size: another build, which fails
+
+
+def test_folded_norm_then_projection_equals_the_modules():
+    torch.manual_seed(0)
+    norm, W = nn.RMSNorm(8, eps=1e-5).double(), torch.randn(5, 8, dtype=torch.float64)
+    nn.init.normal_(norm.weight)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    folded = (x * rms_scale(x, 8 * norm.eps)) @ fold_norm(norm, W)
+    torch.testing.assert_close(folded, F.linear(norm(x), W), rtol=0, atol=1e-12)

@@ -17,7 +17,7 @@ CONFIGS = [
     ("flash", {"tau": "fft", "block": 4, "native_step": False}),
     ("flash", {"tau": "hybrid", "native_step": False}),
 ]
-"""Lazy and flash steps in C where this machine can build it (lcsm.inference.native), and as tensor ops."""
+"""Lazy and flash steps in C where this machine can build it (lcsm.inference.accel.native), and as tensor ops."""
 
 
 def run(engine, y_GBDL, P):

@@ -66,3 +66,10 @@ def test_fsdp2_by_tensor_parallel_2_on_4_ranks_matches_one_process(tmp_path):
     fsdp_tp = train([*common, "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree",
                      "2"], tmp_path / "fsdp2_tp2", nproc=4)
     assert_same_run(fsdp_tp, one, rtol=1e-4)
+
+
+def test_a_llama_field_on_a_hyena_run_is_one_error_line(tmp_path):
+    proc = run_train([*TINY, "--model.rope_theta", "1e4", "--job.dump_folder", str(tmp_path)], check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("error: unknown key model.rope_theta: model hyena has no such field")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

@@ -7,15 +7,16 @@ import torch
 from titan.config import parse_args
 from titan.estimate.costs import Hardware, block_activation_elems, layer_params
 from titan.estimate.dry_run import estimate
+from titan.models.common.decoder import TransformerBlock
 from titan.models.llama3 import llama3_flavors
-from titan.models.llama3.model import TransformerBlock
+from titan.models.qwen3 import qwen3_flavors
 
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
 
 
-@pytest.mark.parametrize("flavor", ["8B", "3.2-1B"])
-def test_layer_params_are_the_weights_of_one_transformer_block(flavor):
-    args = llama3_flavors[flavor]
+@pytest.mark.parametrize("args", [llama3_flavors["8B"], llama3_flavors["3.2-1B"], qwen3_flavors["32B"]],
+                         ids=["llama3-8B", "llama3-3.2-1B", "qwen3-32B"])
+def test_layer_params_are_the_weights_of_one_transformer_block(args):
     with torch.device("meta"):
         block = TransformerBlock(0, args)
     shapes = {name.rsplit(".", 2)[-2]: p.numel() for name, p in block.named_parameters() if "norm" not in name}

@@ -16,7 +16,8 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from titan.components.checkpoint.manager import PARTIAL, TMP_DIR, complete_steps
+from titan.components.checkpoint.integrity import agree, agreed
+from titan.components.checkpoint.manager import PARTIAL, TMP_DIR, agreed_steps, complete_steps
 from titan.components.checkpoint.reader import (
     MANIFEST,
     CheckpointError,
@@ -43,7 +44,7 @@ def _wanted(ckpt, checkpoint_folder: Path) -> bool:
     if not ckpt.initial_load_path:
         return False
     # The run's own checkpoint wins, as on a restart (TorchTitan ignores initial_load_path then too).
-    return not (ckpt.enable and not ckpt.create_seed_checkpoint and complete_steps(checkpoint_folder))
+    return not (ckpt.enable and not ckpt.create_seed_checkpoint and agreed_steps(checkpoint_folder))
 
 
 def initial_state_dict(spec, job_config, model_args: Any, checkpoint_folder: Path) -> dict[str, torch.Tensor] | None:
@@ -73,22 +74,28 @@ def _not_a_step_folder(path: Path) -> str:
             "add --checkpoint.initial_load_in_hf for a Hugging Face folder")
 
 
-def checked_layout(path: Path) -> str:
-    """The key prefix of the model's weights in the DCP folder ("model." for titan's, "" for TorchTitan's),
-    after checking its files: a titan folder against its manifest, any folder's metadata against its shards."""
+def _step_folder(path: Path) -> bool:
+    """Whether the folder holds titan's manifest, after checking that it is a DCP step folder at all."""
     if TMP_DIR.match(path.name):
         raise CheckpointError(f"{KEY} {path} is an unfinished save (.tmp); point it at a complete step folder")
     if not (path / ".metadata").is_file():
         raise CheckpointError(_not_a_step_folder(path))
-    if (path / MANIFEST).is_file():
+    return (path / MANIFEST).is_file()
+
+
+def checked_layout(path: Path) -> str:
+    """The key prefix of the model's weights in the DCP folder ("model." for titan's, "" for TorchTitan's),
+    after checking its files: a titan folder against its manifest, any folder's metadata against its shards.
+    Every rank reaches the same outcome (a problem one rank sees is every rank's)."""
+    if agreed(lambda: _step_folder(path)):
         manifest = read_manifest(path)
         if "model" not in manifest.get("contents", ["model"]):
             raise CheckpointError(f"{KEY} {path} holds no model weights ({', '.join(manifest['contents'])})")
         verify(path, manifest)
         return "model."
-    if problem := metadata_problem(path):
+    if problem := agree(agreed(lambda: metadata_problem(path))):
         raise DamagedCheckpoint(f"checkpoint {path}: {problem}")
-    saved = load_metadata(path).state_dict_metadata
+    saved = agreed(lambda: load_metadata(path)).state_dict_metadata
     # A titan folder that lost its manifest still has its nested keys.
     return "model." if any(k.startswith("model.") for k in saved) else ""
 
@@ -126,7 +133,7 @@ def load_initial_checkpoint(parts: list[nn.Module], path: Path, prefix: str) -> 
     weights: dict[str, torch.Tensor] = {}
     for part in parts:
         weights.update(get_model_state_dict(part))
-    check_shapes(path, prefix, weights)
+    agreed(lambda: check_shapes(path, prefix, weights))
     load_verified(path, {"model": weights} if prefix else weights)
     for part in parts:
         set_model_state_dict(part, weights, options=PARTIAL)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+from titan.tools.cli import UserError
 
 try:  # xxh3 hashes about 3x faster than crc32 (benchmarks/RESULTS.md); xxhash comes with `datasets`
     import xxhash
@@ -22,6 +25,8 @@ except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes
     xxhash = None
 
 CHUNK = 16 << 20
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Crc32:
@@ -71,14 +76,28 @@ def _group() -> tuple[int, int]:
     return 0, 1
 
 
-def agree(error: str | None) -> str | None:
-    """The first rank's error, or None when every rank has none (a collective: all ranks call it)."""
+def agree(error: T) -> T:
+    """The first rank's error (a message or an exception), or None when every rank has none (a collective: all
+    ranks call it)."""
     rank, world = _group()
     if world == 1:
         return error
-    errors: list[str | None] = [None] * world
+    errors: list[T] = [None] * world
     dist.all_gather_object(errors, error)
     return next((e for e in errors if e), None)
+
+
+def agreed(action: Callable[[], R]) -> R:
+    """Runs a rank-local action (no collectives inside) on every rank; when it raises a user-facing error or an
+    OSError on any rank, every rank raises the first rank's, so none is left waiting in a later collective."""
+    result, error = None, None
+    try:
+        result = action()
+    except (UserError, OSError) as e:
+        error = e
+    if error := agree(error):
+        raise error
+    return result
 
 
 def _merge(part: dict[str, Any]) -> dict[str, Any]:
@@ -136,22 +155,31 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _first_nonfinite(state: dict[str, Any], prefix: str) -> str | None:
+def _floating(state: dict[str, Any], prefix: str):
     for key, value in state.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            found = _first_nonfinite(value, f"{name}.")
-            if found:
-                return found
-        elif isinstance(value, torch.Tensor) and value.is_floating_point():
-            if not bool(torch.isfinite(_local(value)).all()):
-                return name
-    return None
+            yield from _floating(value, f"{name}.")
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            yield name, _local(value)
+
+
+def _first_nonfinite(state: dict[str, Any]) -> str | None:
+    """One max-norm per tensor (a NaN or Inf anywhere makes it non-finite), launched together, and one host read."""
+    named = list(_floating(state, ""))
+    if not named:
+        return None
+    names, tensors = zip(*named)
+    device = tensors[0].device
+    norms = torch._foreach_norm(list(tensors), float("inf"))
+    finite = torch.stack([n.float().to(device) for n in norms]).isfinite().cpu()
+    bad = (~finite).nonzero()
+    return names[int(bad[0])] if len(bad) else None
 
 
 def nonfinite_entry(state: dict[str, Any]) -> str | None:
     """The first key (on any rank) whose floating-point values are not all finite; None when all are."""
-    return agree(_first_nonfinite(state, ""))
+    return agree(_first_nonfinite(state))
 
 
 def free_bytes(folder: Path) -> tuple[Path, int, bool]:

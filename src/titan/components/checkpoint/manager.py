@@ -1,14 +1,18 @@
-"""CheckpointManager over torch.distributed.checkpoint (DCP), with atomic commits.
+"""CheckpointManager over torch.distributed.checkpoint (DCP), with durable, atomic commits.
 
-A checkpoint is written to `step-N.tmp/` by every rank; after a barrier rank 0 writes `titan.json`
-(what was saved, by which model, each data file's size and checksum) and renames the folder to `step-N/`.
-A folder without that name and file is never loaded, so a crash mid-save leaves the previous checkpoint as the
-latest. A save that fails (a full disk, a read-only folder) removes its `.tmp` and stops the run in one line;
-loading skips a damaged checkpoint for the previous one with one warning.
+A checkpoint is written to `step-N.tmp/` by every rank (DCP fsyncs each file); after a barrier rank 0 writes
+`titan.json` (what was saved, by which model, each data file's size and checksum), fsyncs it and the folder, and
+renames the folder to `step-N/`, then fsyncs the checkpoint folder. A folder without that name and file is never
+loaded, so a crash or power loss mid-save leaves the previous checkpoint as the latest; rewriting an existing
+`step-N` swaps the two folders in one rename, so there is never a moment without it. A save that fails (a full
+disk, a read-only folder) removes its `.tmp` and stops the run in one line. Rank 0 lists the complete steps and
+chooses the one to load for every rank; loading skips a damaged checkpoint for the previous one with one warning,
+and a problem seen by any one rank is every rank's (integrity.agree).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -32,7 +36,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from titan.components.checkpoint.integrity import agree, describe, free_bytes, nonfinite_entry, record_files
+from titan.components.checkpoint.integrity import (
+    agree,
+    agreed,
+    describe,
+    free_bytes,
+    nonfinite_entry,
+    record_files,
+)
 from titan.components.checkpoint.reader import (
     MANIFEST,
     CheckpointError,
@@ -41,7 +52,7 @@ from titan.components.checkpoint.reader import (
     read_checkpoint,
     read_manifest,
 )
-from titan.components.checkpoint.safe_reader import load_metadata
+from titan.components.checkpoint.safe_reader import UnsafeCheckpoint, load_metadata
 from titan.tools.fault import fault_point
 from titan.tools.logging import logger
 
@@ -51,7 +62,7 @@ PARTIAL = StateDictOptions(strict=False)
 # Saving or loading from one process is intended here, not a misconfiguration.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 STEP_DIR = re.compile(r"^step-(\d+)$")
-TMP_DIR = re.compile(r"^step-\d+\.tmp$")
+TMP_DIR = re.compile(r"^step-\d+\.(tmp|old)$")
 # DCP reports a rank's failed write as CheckpointException, which derives from BaseException.
 WRITE_ERRORS = (OSError, CheckpointException)
 
@@ -66,7 +77,7 @@ def _barrier() -> None:
 
 
 def complete_steps(folder: Path) -> list[int]:
-    """Steps with a committed checkpoint, oldest first."""
+    """Steps with a committed checkpoint, oldest first, as this process sees the folder."""
     if not folder.is_dir():
         return []
     steps = []
@@ -75,6 +86,54 @@ def complete_steps(folder: Path) -> list[int]:
         if m and (entry / MANIFEST).is_file() and (entry / ".metadata").is_file():
             steps.append(int(m.group(1)))
     return sorted(steps)
+
+
+def agreed_steps(folder: Path) -> list[int]:
+    """Rank 0's complete steps, on every rank: a lagging shared filesystem cannot make ranks load different ones."""
+    steps = [complete_steps(folder)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(steps, src=0)
+    return steps[0]
+
+
+def fsync_path(path: Path) -> None:
+    """Flushes a file's data, or a folder's entries (names created or renamed in it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def swap_folders(a: Path, b: Path) -> bool:
+    """Exchanges two folders' names in one step (Linux renameat2); False where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def publish_folder(tmp: Path, final: Path) -> None:
+    """Makes `tmp` the folder `final`, durably; an existing `final` stays complete until the new one replaces it."""
+    fsync_path(tmp)
+    if final.exists():
+        if swap_folders(tmp, final):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:  # two renames; a crash between them leaves `step-N.old`, which the next run puts back
+            old = final.with_name(f"{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_path(final.parent)
 
 
 class ReusedStagingBuffer(BlockingAsyncStager):
@@ -120,9 +179,14 @@ class CheckpointManager:
         return self.enabled and (step % self.config.interval == 0 or step == last_step)
 
     def _remove_stale_tmp(self) -> None:
-        """Half-written `step-N.tmp` folders of a crashed run are never loaded; they only take disk space."""
-        stale = [p for p in self.folder.glob("step-*.tmp") if TMP_DIR.match(p.name)] if self.folder.is_dir() else []
+        """Half-written `step-N.tmp` folders of a crashed run are never loaded; they only take disk space. A
+        `step-N.old` is a complete checkpoint whose replacement was interrupted: it is put back if it is missing."""
+        stale = [p for p in self.folder.glob("step-*.*") if TMP_DIR.match(p.name)] if self.folder.is_dir() else []
         for path in stale:
+            final = path.with_suffix("")
+            if path.suffix == ".old" and not final.exists():
+                os.replace(path, final)
+                continue
             shutil.rmtree(path, ignore_errors=True)
         if stale:
             logger.info(f"removed {len(stale)} unfinished checkpoint folder(s) of an interrupted save in {self.folder}")
@@ -222,9 +286,11 @@ class CheckpointManager:
             if _rank() == 0:
                 world = dist.get_world_size() if dist.is_initialized() else 1
                 manifest = {**self.identity, "step": step, "world_size": world, "contents": contents, "files": files}
-                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
+                with (tmp / MANIFEST).open("w") as f:
+                    f.write(json.dumps(manifest, indent=1))
+                    f.flush()
+                    os.fsync(f.fileno())
+                publish_folder(tmp, final)
 
         self._guarded(step, tmp, publish)
         if _rank() == 0:
@@ -245,7 +311,7 @@ class CheckpointManager:
         """
         if not self.enabled:
             return None
-        steps = complete_steps(self.folder)
+        steps = agreed_steps(self.folder)
         if self.config.load_step >= 0:
             if self.config.load_step not in steps:
                 raise CheckpointError(
@@ -275,10 +341,7 @@ class CheckpointManager:
         state = {k: v for k, v in state.items() if k in wanted}
         if "train_state" in state:
             # Counters added after the checkpoint was written are not in it: the caller keeps its defaults.
-            try:
-                saved = set(load_metadata(path).state_dict_metadata)
-            except ValueError as e:
-                raise DamagedCheckpoint(str(e)) from None
+            saved = agreed(lambda: set(_metadata(path).state_dict_metadata))
             state["train_state"] = {k: v for k, v in state["train_state"].items() if f"train_state.{k}" in saved}
         read_checkpoint(path, state)
         for part, opt, sched in zip(parts, optimizers, lr_schedulers):
@@ -292,6 +355,15 @@ class CheckpointManager:
         train_state = {k: int(v) for k, v in state.get("train_state", {}).items()}
         logger.info(f"resumed from checkpoint {path} ({', '.join(sorted(state))})")
         return train_state
+
+def _metadata(path: Path):
+    try:
+        return load_metadata(path)
+    except UnsafeCheckpoint:
+        raise
+    except (ValueError, OSError) as e:
+        raise DamagedCheckpoint(str(e)) from None
+
 
 def _plain(state: dict[str, Any]) -> bool:
     """A module state dict whose names and tensors are already those of the full model: no shard (FSDP, TP) and

@@ -3,7 +3,8 @@
 Before any tensor is loaded: the manifest names the model, every data file has its recorded size and checksum,
 and the metadata (read without unpickling code) fits the files. After loading: every value is finite. A damaged
 checkpoint raises DamagedCheckpoint (the manager falls back to an earlier one); one of another model raises
-CheckpointError naming what differs.
+CheckpointError naming what differs; one that would run code raises UnsafeCheckpoint (see safe_reader).
+Every outcome is agreed by all ranks, so a problem only one rank sees stops every rank with the same line.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titan.components.checkpoint.integrity import agree, describe, files_problem, nonfinite_entry
-from titan.components.checkpoint.safe_reader import SafeFileSystemReader, metadata_problem
-from titan.tools.cli import UserError
+from titan.components.checkpoint.integrity import agree, agreed, describe, files_problem, nonfinite_entry
+from titan.components.checkpoint.safe_reader import (
+    CheckpointError,
+    DamagedCheckpoint,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpoint,
+    metadata_problem,
+)
 
 MANIFEST = "titan.json"
 IDENTITY = ("model", "flavor", "model_args")
 
 
-class CheckpointError(UserError):
-    """A checkpoint that cannot be used for this run (another model, missing step, unreadable)."""
-
-
-class DamagedCheckpoint(CheckpointError):
-    """A checkpoint whose files are missing, changed or hold non-finite values."""
+__all__ = ["CheckpointError", "DamagedCheckpoint", "UnsafeCheckpoint", "read_checkpoint"]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -68,7 +70,7 @@ def check_identity(path: Path, manifest: dict[str, Any], identity: dict[str, Any
 
 def verify(path: Path, manifest: dict[str, Any]) -> None:
     """Raises DamagedCheckpoint when a recorded file is missing, resized or changed, or the metadata is bad."""
-    problem = files_problem(path, manifest.get("files", {})) or agree(metadata_problem(path))
+    problem = files_problem(path, manifest.get("files", {})) or agree(agreed(lambda: metadata_problem(path)))
     if problem:
         raise DamagedCheckpoint(f"checkpoint {path}: {problem}")
 
@@ -86,12 +88,17 @@ def read_checkpoint(path: Path, state: dict[str, Any], identity: dict[str, Any] 
 def load_verified(path: Path, state: dict[str, Any]) -> None:
     """DCP's load through the safe metadata reader, then every value checked finite; a failure on any rank
     raises DamagedCheckpoint on all of them. The folder's files are checked before (verify, metadata_problem)."""
-    error = None
+    error: str | UnsafeCheckpoint | None = None
+    planner = SafeLoadPlanner()
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=planner)
+    except UnsafeCheckpoint as e:
+        error = e
     except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException: name it
-        error = f"cannot load it: {describe(e)}"
+        error = UnsafeCheckpoint(path, planner.refused) if planner.refused else f"cannot load it: {describe(e)}"
     error = agree(error)
+    if isinstance(error, UnsafeCheckpoint):
+        raise error
     if error is None and (bad := nonfinite_entry(state)):
         error = f"{bad} holds NaN or Inf values"
     if error:

@@ -52,6 +52,24 @@ def _local_files(dataset_path: str) -> list[Path]:
     return files
 
 
+def _check_json_file(path: Path) -> None:
+    """An empty file, or a .jsonl whose first line is not JSON (e.g. binary), named with the line, before datasets
+    reports it as StopIteration or DatasetGenerationError."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    json.loads(line.decode("utf-8"))
+                except ValueError as e:  # UnicodeDecodeError included
+                    reason = str(e).splitlines()[0][:120]
+                    raise UserError(f"training.dataset_path: {path} is not JSON lines (line {number}: {reason}); "
+                                    "give one JSON object per line, UTF-8") from None
+            return
+    raise UserError(f"training.dataset_path: {path} is empty; remove it or fill it with documents")
+
+
 def corpus_id(training) -> str:
     """A key that changes when the documents could have changed (used for caches)."""
     files = _local_files(training.dataset_path) if training.dataset_path else [wiki_corpus_path()]
@@ -69,6 +87,9 @@ def load_documents(training) -> list[str]:
         if len(builders) > 1:
             raise UserError(f"training.dataset_path mixes file types {sorted(builders)}; use one type per run")
         (builder,) = builders
+        if builder == "json":
+            for path in files:
+                _check_json_file(path)
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         try:
             ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
@@ -126,7 +147,7 @@ def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: s
         os.replace(tmp, path)
     if dist.is_initialized():
         dist.barrier()
-    return np.load(path, mmap_mode="r")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def check_seq_len(state: dict[str, Any], seq_len: int) -> None:

@@ -26,18 +26,22 @@ class Tokenizer(abc.ABC):
     """What the data pipeline needs from a tokenizer."""
 
     vocab_size: int
-    bos_id: int
+    bos_id: int | None
+    """None for a model trained without one (Qwen): documents are then separated by EOS alone."""
     eos_id: int
     identity: str = ""
     """A hash of the file a folder's tokenizer was read from, so cached token ids of two tokenizers never mix."""
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         ids = self._encode_batch([text])[0]
-        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+        return self._head(bos) + ids + ([self.eos_id] if eos else [])
 
     def encode_batch(self, texts: list[str], bos: bool = True, eos: bool = True) -> list[list[int]]:
-        head, tail = [self.bos_id] if bos else [], [self.eos_id] if eos else []
+        head, tail = self._head(bos), [self.eos_id] if eos else []
         return [head + ids + tail for ids in self._encode_batch(texts)]
+
+    def _head(self, bos: bool) -> list[int]:
+        return [self.bos_id] if bos and self.bos_id is not None else []
 
     @abc.abstractmethod
     def _encode_batch(self, texts: list[str]) -> list[list[int]]: ...
@@ -87,10 +91,10 @@ class Llama3Tokenizer(Tokenizer):
 class BPETokenizer(Tokenizer):
     """A byte-level BPE (HF `tokenizers`) with BOS/EOS; small vocabularies keep tiny models cheap."""
 
-    def __init__(self, path: Path, bos: str = BOS, eos: str = EOS, declared: tuple[str, ...] = ()):
-        """`declared`: special tokens tokenizer_config.json names; those tokenizer.json lacks are appended after
-        its vocabulary, as TorchTitan and transformers do (TorchTitan's own test tokenizer declares its BOS/EOS
-        only there)."""
+    def __init__(self, path: Path, bos: str | None = BOS, eos: str = EOS, declared: tuple[str, ...] = ()):
+        """`bos` None: the model has no begin token. `declared`: special tokens tokenizer_config.json names; those
+        tokenizer.json lacks are appended after its vocabulary, as TorchTitan and transformers do (TorchTitan's own
+        test tokenizer declares its BOS/EOS only there)."""
         from tokenizers import Tokenizer as HFTokenizer
 
         self.model = HFTokenizer.from_file(str(path))
@@ -98,8 +102,9 @@ class BPETokenizer(Tokenizer):
         if missing:
             self.model.add_special_tokens(missing)
         self.vocab_size = self.model.get_vocab_size()
-        self.bos_id, self.eos_id = self.model.token_to_id(bos), self.model.token_to_id(eos)
-        if self.bos_id is None or self.eos_id is None:
+        self.bos_id = self.model.token_to_id(bos) if bos is not None else None
+        self.eos_id = self.model.token_to_id(eos)
+        if (bos is not None and self.bos_id is None) or self.eos_id is None:
             raise UserError(f"{path} has no {bos if self.bos_id is None else eos} token; name the begin/end "
                              "tokens in tokenizer_config.json (bos_token, eos_token)")
 
@@ -146,7 +151,9 @@ def hf_folder_tokenizer(folder: Path) -> Tokenizer:
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         bos, eos = _special_token(config, "bos_token"), _special_token(config, "eos_token")
         added = [t.get("content") for t in config.get("added_tokens_decoder", {}).values() if isinstance(t, dict)]
-        tokenizer = BPETokenizer(path, bos or BOS, eos or EOS, tuple(t for t in (bos, eos, *added) if t))
+        # An explicit null bos_token (Qwen's folders) means the model was trained without one.
+        begin = None if "bos_token" in config and bos is None else bos or BOS
+        tokenizer = BPETokenizer(path, begin, eos or EOS, tuple(t for t in (bos, eos, *added) if t))
     elif (folder / "original" / "tokenizer.model").is_file():
         path = folder / "original" / "tokenizer.model"
         tokenizer = Llama3Tokenizer(path)

@@ -19,18 +19,19 @@ from titan.trainer import Trainer
 TEXT = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs."] * 40
 
 
-def write_tokenizer(folder):
-    """A small byte-level BPE with Llama-like special tokens named in tokenizer_config.json."""
+def write_tokenizer(folder, specials=("<s>", "</s>"), config=None):
+    """A small byte-level BPE with special tokens named in tokenizer_config.json (Llama-like by default)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=list(specials),
                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                       show_progress=False))
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<s>"}, "eos_token": "</s>"}))
+    config = config or {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +78,44 @@ def test_a_run_from_an_hf_folder_computes_transformers_logits(hf_folder, tmp_pat
     trainer.close()
 
 
+def test_a_qwen3_folder_with_its_tokenizer_computes_transformers_logits(tmp_path):
+    """Qwen's tokenizer_config.json declares no BOS (null): documents are separated by <|endoftext|> alone."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "qwen3"
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=32, vocab_size=320, tie_word_embeddings=True,
+                                   max_position_embeddings=40960, rope_parameters={"rope_type": "default",
+                                                                                   "rope_theta": 1e6})
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    hf.save_pretrained(folder)
+    write_tokenizer(folder, ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                    {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"})
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
+    trainer = Trainer(run_config(folder, tmp_path, "--model.name", "qwen3"))
+    assert trainer.model_args.head_dim == 32 and trainer.model_args.vocab_size == 320
+    assert (trainer.tokenizer.bos_id, trainer.tokenizer.eos_id) == (None, 0)
+    inputs, _ = next(iter(trainer.dataloader))
+    assert (inputs == 0).any() and not ((inputs == 1) | (inputs == 2)).any()
+    with torch.no_grad():
+        got, want = trainer.model(inputs), hf(inputs).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    trainer.close()
+
+
+def test_a_folder_of_another_family_is_named(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    with pytest.raises(UserError, match="model_type 'llama' is not 'qwen3'; set model.name to the folder's family"):
+        Trainer(run_config(folder, tmp_path, "--model.name", "qwen3"))
+
+
 def test_a_flavor_that_disagrees_with_the_folder_is_named(hf_folder, tmp_path):
     folder, _ = hf_folder
     with pytest.raises(ValueError, match=r"hidden_size = 64 but the run's model has model\.dim = 256") as e:
         Trainer(run_config(folder, tmp_path, "--model.flavor", "debug"))
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"tie_word_embeddings = True .* model\.tie_embeddings = False"):
-        Trainer(run_config(folder, tmp_path, "--model.tie_embeddings", "untied"))
+        Trainer(run_config(folder, tmp_path, "--model.tie_embeddings", "false"))
 
 
 def test_weights_that_disagree_with_config_json_are_named(hf_folder, tmp_path):

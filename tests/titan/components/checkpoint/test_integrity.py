@@ -3,15 +3,17 @@
 import errno
 import json
 import logging
+import os
 import random
+import shutil
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from tests.titan.components.checkpoint.test_manager import trained_linear
-from titan.components.checkpoint import CheckpointError, CheckpointManager, DamagedCheckpoint
-from titan.components.checkpoint.integrity import WRITE_HASH, file_digest
+from titan.components.checkpoint import CheckpointError, CheckpointManager, DamagedCheckpoint, complete_steps
+from titan.components.checkpoint.integrity import WRITE_HASH, file_digest, nonfinite_entry
 from titan.config import JobConfig
 
 
@@ -136,3 +138,69 @@ def test_stale_tmp_folders_are_removed_at_start_up(tmp_path):
     (tmp_path / "notes.tmp").mkdir()  # not ours: left alone
     manager(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp", "step-1"]
+
+
+@pytest.mark.parametrize("trial", range(5))
+def test_nonfinite_entry_names_the_first_key_a_per_tensor_check_would(trial):
+    rng = random.Random(trial)
+    state = {"model": {f"w{i}": torch.randn(rng.randrange(1, 50), dtype=rng.choice([torch.float32, torch.bfloat16]))
+                       for i in range(12)},
+             "train_state": {"step": torch.tensor(3)}, "empty": torch.empty(0)}
+    names = [f"model.w{i}" for i in range(12)]
+    for name in rng.sample(names, rng.randrange(0, 3)):
+        t = state["model"][name.split(".")[1]]
+        t[rng.randrange(t.numel())] = rng.choice([float("nan"), float("inf"), -float("inf")])
+    expected = next((n for n in names if not torch.isfinite(state["model"][n.split(".")[1]]).all()), None)
+    assert nonfinite_entry(state) == expected
+
+
+def test_a_commit_fsyncs_the_manifest_and_the_folder_before_the_rename_and_the_parent_after(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("rename", str(a), str(b))) or real_replace(a, b))
+    saved_steps(tmp_path, steps=(1,))
+    tmp, final = str(tmp_path / "step-1.tmp"), str(tmp_path / "step-1")
+    rename = events.index(("rename", tmp, final))
+    synced_before = {e[1] for e in events[:rename] if e[0] == "fsync"}
+    assert {f"{tmp}/titan.json", f"{tmp}/.metadata.tmp", tmp} <= synced_before  # DCP renames .metadata.tmp
+    assert {f"{tmp}/{p.name}" for p in (tmp_path / "step-1").glob("*.distcp")} <= synced_before
+    assert ("fsync", str(tmp_path)) in events[rename:]
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_rewriting_a_step_never_leaves_a_moment_without_it(tmp_path, monkeypatch, exchange):
+    from titan.components.checkpoint import manager as manager_module
+
+    saved_steps(tmp_path, steps=(1, 2))
+    seen = []
+    real_rmtree, real_replace = shutil.rmtree, os.replace
+
+    def watch(real):
+        def call(*args, **kwargs):
+            seen.append(2 in complete_steps(tmp_path) or (tmp_path / "step-2.old" / "titan.json").is_file())
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(manager_module.shutil, "rmtree", watch(real_rmtree))
+    monkeypatch.setattr(manager_module.os, "replace", watch(real_replace))
+    if not exchange:
+        monkeypatch.setattr(manager_module, "swap_folders", lambda a, b: False)
+    model, opt, sched = trained_linear()
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    manager(tmp_path).save(2, [model], [opt], [sched], {"step": 2})
+    assert seen and all(seen)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1", "step-2"]
+    monkeypatch.undo()
+    model, opt, sched = trained_linear()
+    assert manager(tmp_path).load_latest([model], [opt], [sched], {"step": 0})["step"] == 2
+    assert torch.all(model.weight == 7.0)
+
+
+def test_a_replaced_step_left_as_old_by_a_crash_is_put_back(tmp_path):
+    saved_steps(tmp_path, steps=(1, 2))
+    os.replace(tmp_path / "step-2", tmp_path / "step-2.old")  # the crash came between the two renames
+    manager(tmp_path)
+    assert complete_steps(tmp_path) == [1, 2] and not (tmp_path / "step-2.old").exists()

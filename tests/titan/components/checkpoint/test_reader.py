@@ -49,10 +49,10 @@ def test_dcp_checkpoint_exception_is_caught_and_falls_back(tmp_path, caplog, mon
     assert not issubclass(CheckpointException, Exception)  # why `except Exception` missed it
     real_load = dcp.load
 
-    def failing_load(state, storage_reader):
+    def failing_load(state, storage_reader, planner):
         if str(storage_reader.path).endswith("step-2"):
             raise CheckpointException("load", {0: RuntimeError("garbled shard")})
-        return real_load(state, storage_reader=storage_reader)
+        return real_load(state, storage_reader=storage_reader, planner=planner)
 
     monkeypatch.setattr(dcp, "load", failing_load)
     state, model, warnings = resume(tmp_path, caplog)

@@ -51,17 +51,26 @@ def garble_metadata(step_dir):
 
 @pytest.mark.parametrize("damage, reason", [
     (truncate_shard, "bytes"), (delete_shard, "is missing"), (garble_metadata, "bad checkpoint metadata"),
-    (malicious_metadata, "posix.system, which is not allowed"),
-], ids=["truncated", "missing", "garbled", "malicious"])
+], ids=["truncated", "missing", "garbled"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(three_steps, tmp_path, damage, reason):
     folder = damaged_copy(three_steps, tmp_path, damage)
     proc = run_train([*CKPT, "--training.steps", "4", "--job.dump_folder", str(folder)])
     warnings = [line for line in proc.stdout.splitlines() if "skipping damaged checkpoint" in line]
     assert len(warnings) == 1 and reason in warnings[0] and "step-3" in warnings[0]
     assert f"resumed from checkpoint {folder / 'checkpoint' / 'step-2'} (" in proc.stdout
-    assert not list(folder.rglob("pwned"))
     assert [r["step"] for r in read_metrics(folder)] == [3, 4]
     assert losses(folder) == pytest.approx(losses(three_steps)[2:] + losses(folder)[1:], rel=1e-6)
+
+
+def test_a_malicious_latest_checkpoint_stops_the_run_instead_of_being_skipped(three_steps, tmp_path):
+    """Skipping it would resume from an older step with only a warning, and leave the folder for the next reader."""
+    folder = damaged_copy(three_steps, tmp_path, malicious_metadata)
+    proc = run_train([*CKPT, "--training.steps", "4", "--job.dump_folder", str(folder)], check=False)
+    assert proc.returncode == 2 and not list(folder.rglob("pwned"))
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint {folder / 'checkpoint' / 'step-3'}: its "
+                                                      ".metadata refers to posix.system")
+    assert not (folder / "metrics.jsonl").exists()
 
 
 def test_kill_during_save_resumes_from_the_previous_checkpoint(tmp_path):

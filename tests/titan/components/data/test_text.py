@@ -120,6 +120,26 @@ def test_empty_documents(tmp_path):
         load_documents(cfg.training)
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("d.jsonl", b"", "{path} is empty; remove it or fill it with documents"),
+    ("d.json", b"\n \n", "{path} is empty; remove it or fill it with documents"),
+    ("d.jsonl", b"\x89PNG\r\n\x1a\n" + bytes(8), "{path} is not JSON lines (line 1: 'utf-8' codec can't decode"),
+    ("d.jsonl", b'{"text": "a"}\n\nnot json\n', None),  # only the first line is read: datasets names the rest
+    ("d.jsonl", b'\n\n{"text": "a"\n', "{path} is not JSON lines (line 3: "),
+])
+def test_an_empty_or_binary_json_file_is_named(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    cfg = JobConfig()
+    cfg.training.dataset_path = str(tmp_path)
+    with pytest.raises(UserError) as info:
+        load_documents(cfg.training)
+    if message:
+        assert str(info.value).startswith("training.dataset_path: " + message.format(path=path))
+    else:
+        assert "cannot read" in str(info.value)
+
+
 def test_wrong_text_field(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"body": "hello"}\n')
     cfg = JobConfig()

@@ -5,8 +5,8 @@ the aliases."""
 import pytest
 import torch
 
+from titan.models.common.decoder import num_params
 from titan.models.llama3 import Transformer, llama3_flavors
-from titan.models.llama3.model import num_params
 
 # Meta's published counts; the HF shapes are those of each model's config.json (vocabulary 128,256).
 PUBLISHED = {

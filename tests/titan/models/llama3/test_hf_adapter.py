@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 from tests.titan.conftest import TINY, run_train
 from titan.components.checkpoint.safe_reader import SafeFileSystemReader, load_metadata
+from titan.models.common.hf_adapter import from_hf, to_hf
+from titan.models.common.rope import apply_rotary, rope_cache
 from titan.models.llama3 import ModelArgs, Transformer
-from titan.models.llama3.hf_adapter import from_hf, to_hf
-from titan.models.llama3.model import apply_rotary, rope_cache
 
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=50, multiple_of=16, max_seq_len=32)
 
@@ -65,7 +65,7 @@ def test_permuted_q_k_give_the_same_scores_under_hf_rotary():
 
 
 def test_unknown_hf_key():
-    with pytest.raises(ValueError, match="unknown Hugging Face Llama parameter"):
+    with pytest.raises(ValueError, match="unknown Hugging Face parameter"):
         from_hf({"model.layers.0.self_attn.rotary.weight": torch.zeros(1)}, ARGS)
 
 

@@ -5,8 +5,9 @@ import dataclasses
 
 import pytest
 
+from titan.hf import check_same_architecture
 from titan.models.llama3 import llama3_flavors
-from titan.models.llama3.hf_config import args_from_hf, check_same_architecture, hf_config
+from titan.models.llama3.hf_config import args_from_hf, hf_config
 from titan.tools.cli import UserError
 
 # meta-llama/Llama-3.1-8B's config.json (transformers 4 spelling: rope_theta and rope_scaling at the top).

@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
+from titan.models.common.decoder import flops_per_token, num_params
+from titan.models.common.rope import apply_rotary, rope_cache, rope_frequencies
 from titan.models.llama3 import ModelArgs, Transformer, llama3_flavors
-from titan.models.llama3.model import apply_rotary, flops_per_token, num_params, rope_cache, rope_frequencies
 
 
 def test_flops_per_token_is_6n_plus_attention():

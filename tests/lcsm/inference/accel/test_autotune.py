@@ -2,7 +2,7 @@ import json
 
 import torch
 
-from lcsm.inference import autotune
+from lcsm.inference.accel import autotune
 
 
 def test_choice_is_timed_once_then_read_from_disk(tmp_path, monkeypatch):

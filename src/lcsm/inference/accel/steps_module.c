@@ -1,6 +1,6 @@
-/* The functions of steps.c as a CPython extension module, loaded by lcsm/inference/native.py where Python's headers
-are (else it loads steps.c through ctypes). A call here costs about 40 ns; through ctypes it cost about 0.9 us
-(argument conversion and releasing the GIL), more than a flash step's own arithmetic at D = 64.
+/* The functions of steps.c as a CPython extension module, loaded by native.py where Python's headers are (else it
+loads steps.c through ctypes). A call here skips ctypes' per-call work (argument conversion and
+releasing the GIL), which costs more than a flash step's own arithmetic at D = 64.
 Every argument is a Python int (an address, a size or a flag), in the order of the C function. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

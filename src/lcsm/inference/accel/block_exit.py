@@ -1,4 +1,4 @@
-"""One block boundary of a Hyena LM during decoding, as tensor math and compiled ahead of time (lcsm.inference.decode).
+"""One block boundary of a Hyena LM during decoding, as tensor math and compiled ahead of time (accel.decode).
 
 block_exit is everything between one block's last long convolution and the next block's first: the last gate,
 out_proj, the MLP, the next block's RMSNorm, in_proj and short conv. AOTInductor compiles it once per machine and
@@ -15,18 +15,9 @@ import time
 import torch
 from torch import nn
 
-from lcsm.inference import autotune
+from lcsm.inference.accel import autotune
+from lcsm.inference.decode import rms_scale
 from titan.tools.cli import UserError
-
-
-def rms_scale(x_BD: torch.Tensor, D_eps: float) -> torch.Tensor:
-    """1 / sqrt(sum x^2 + D eps) per row (B, 1): RMSNorm's scale over sqrt(D), which fold_norm puts in the weight."""
-    return torch.linalg.vecdot(x_BD, x_BD).add_(D_eps).rsqrt_().unsqueeze(-1)
-
-
-def fold_norm(norm: nn.RMSNorm, weight_OD: torch.Tensor) -> torch.Tensor:
-    """The (D, O) right factor of `x_scaled @ W` equal to the linear map `weight_OD` applied after `norm`."""
-    return (weight_OD * norm.weight * weight_OD.shape[1] ** 0.5).T.contiguous()
 
 
 def block_exit(x_BD, z_BD, gate_BD, ring_BKGD, out_w_DD, out_b_D, w1_DH, w2_HD, in_w_DGD, in_b_GD, conv_w_KGD,
@@ -60,8 +51,8 @@ class CompileError(UserError):
 
 def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
     """block_exit compiled by AOTInductor for the example's shapes (G, the in_proj groups, left free): built once
-    per machine, torch version, dtype and shape, then loaded from $LCSM_CACHE_DIR/decode (23-48 s to build on 2
-    CPU cores). Returns a function of the same tensors, returning a list of the three outputs."""
+    per machine, torch version, dtype and shape (tens of seconds), then loaded from $LCSM_CACHE_DIR/decode.
+    Returns a function of the same tensors, returning a list of the three outputs."""
     if not all(t.is_contiguous() for t in example):
         raise ValueError("the example tensors must be contiguous: the compiled code assumes their strides")
     shapes = " ".join("x".join(map(str, t.shape)) for t in example[:8])
@@ -85,7 +76,7 @@ def compiled_block_exit(example: tuple[torch.Tensor, ...], D_eps: float):
                                "AOTInductor needs a C++ compiler on the CPU. Decode another way instead "
                                "(decode='eager' or 'native', or --decode eager|native)") from e
         print(f"lcsm: compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    # The loader's run() takes the flat tensor list; the package's __call__ adds ~35 us of pytree (un)flattening.
+    # The loader's run() takes the flat tensor list; the package's __call__ adds pytree (un)flattening per call.
     run = torch._inductor.aoti_load_package(str(path)).loader.run
 
     def compiled(x, z, gate, *rest):

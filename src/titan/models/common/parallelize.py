@@ -1,4 +1,5 @@
-"""Llama 3 parallelization in TorchTitan's order: Float8 -> TP/SP -> activation checkpointing -> compile -> FSDP."""
+"""Parallelizing a `Decoder` (every family built on the toolkit): TP/SP plans, async TP, float8, and the one
+function each family's ModelSpec uses, which applies them in the engine's order (see titan.distributed)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel(),
         }
+        if block.attention.q_norm is not None:
+            # Each rank holds some heads (B, T, heads, head_dim): the per-head norm weight is replicated and its
+            # gradient, partial per rank, is summed over the TP group, as sequence parallel does over tokens.
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
     logger.info(f"applied tensor + sequence parallel (degree {tp_mesh.size()}, loss parallel {loss_parallel})")
 
@@ -72,11 +78,13 @@ def apply_float8_all_gather(model: nn.Module, parallel_dims) -> None:
     logger.info(f"float8 all-gather: {enable_float8_all_gather(model)} weights will be all-gathered in float8")
 
 
-def parallelize_llama(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Module:
+    """Float8 -> TP/SP -> activation checkpointing -> compile -> FSDP/HSDP, in place; context parallel is applied
+    around each step by the forward path, on the `context_parallel_buffers`."""
     if model.args.tie_embeddings and (parallel_dims.tp_enabled or parallel_dims.pp_enabled):
         # The embedding and the output matmul would hold differently sharded copies of the one tied matrix.
-        raise UserError("tied embeddings (model.tie_embeddings, Llama 3.2 1B/3B) train with FSDP/HSDP and context "
-                         "parallel; drop tensor/pipeline parallel or pass --model.tie_embeddings untied")
+        raise UserError("tied embeddings (model.tie_embeddings) train with FSDP/HSDP and context parallel; drop "
+                         "tensor/pipeline parallel or pass --model.tie_embeddings false")
     apply_float8(model, job_config.float8)
     if parallel_dims.tp_enabled:
         args = model.args

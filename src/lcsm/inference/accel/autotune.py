@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from lcsm.inference import accel
 from titan.tools.native import processor
 
 _CHOICES: dict[str, dict[str, str]] = {}
@@ -38,7 +39,10 @@ def _read_all() -> dict:
 
 
 def choose(device: torch.device, key: str, candidates: dict[str, Callable[[], object]]) -> str:
-    """The name of the fastest candidate for `key` on this machine: from the cache, or timed now and cached."""
+    """The name of the fastest candidate for `key` on this machine: from the cache, or timed now and cached; the
+    first candidate, untimed, where the accelerations are off (LCSM_ACCEL=0)."""
+    if not accel.enabled():
+        return next(iter(candidates))
     section = machine(device)
     if section not in _CHOICES:
         _CHOICES[section] = _read_all().get(section, {})

@@ -1,4 +1,4 @@
-/* Engine steps in C, loaded by lcsm/inference/native.py.
+/* Engine steps in C, loaded by native.py.
 
 First, one step of FlashConv (lcsm/inference/engines.py) for one slot, in one call instead of a few tensor ops.
 
@@ -9,9 +9,8 @@ Layouts, all contiguous: A, Y (b, B, D), the current block's partial output sums
 0 .. b-1; rows (D, B, row_len), per position p the tiles' sums for output p until p's block begins, then (once the
 block is complete) the input y_p, which the tiles read; filter (D, L), the slot's filters.
 The smallest tiles (sizes b up to `tiles`, after a block whose end is an odd multiple of the size) are done here
-too, directly, along each row: U^2 multiply-adds. As FFTs or a batched matmul in torch they cost several times
-that on a CPU (cold caches, four tensor ops): at b = 64, D = 64, about 0.6 us per position for the tile of 64 and
-0.5 for 128, against 0.15 and 0.3 here.
+too, directly, along each row: U^2 multiply-adds, which at these sizes cost less than FFTs or a batched matmul in
+torch (cold caches, four tensor ops).
 */
 #ifndef _POSIX_C_SOURCE /* for clock_gettime under -std=c11 (Python.h defines a newer one) */
 #define _POSIX_C_SOURCE 199309L
@@ -81,9 +80,8 @@ FLASH_STEP(flash_step_f32, float)
 FLASH_STEP(flash_step_f64, double)
 
 /* One step of LazyConv for one slot at batch 1: stores y_t, then z_t[d] = sum_{i <= t} rho[d, i] * y_i[d] over the
-whole history in one pass (the tensor path multiplies into a buffer, then sums it: four passes over memory; 2.5x
-slower at L = 16K, D = 64). At B > 1 the tensor path's batched matrix-vector product is faster (1.3 against 1.5 s at
-L = 4K, B = 8) and stays. Layouts: y_DL (D, L), the inputs per channel; rho_rev (D, L), each filter reversed. */
+whole history in one pass (the tensor path multiplies into a buffer, then sums it: four passes over memory). At
+B > 1 the tensor path's batched matrix-vector product is the faster and stays. Layouts: y_DL (D, L), the inputs per channel; rho_rev (D, L), each filter reversed. */
 #define LAZY_STEP(NAME, T)                                                                                      \
   void NAME(T *y_DL, const T *rho_rev, int64_t D, int64_t L, int64_t t, const T *y, T *z) {                     \
     for (int64_t d = 0; d < D; d++) {                                                                           \
@@ -108,7 +106,7 @@ moves on by one here. Equal to the tensor version up to rounding. */
 
 /* erf in float32 as x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 to float32's precision); the coefficients
 were fitted for this file by reweighted least squares. At most 3.5e-7 from the exact erf (libm's erff: 3e-8), and
-unlike a call to erff it vectorizes: the MLP's 256 values take about 0.2 us instead of 4.5. */
+unlike a call to erff it vectorizes. */
 static inline float erf_f32(float x) {
   x = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
   const float s = x * x;

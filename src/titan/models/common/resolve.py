@@ -1,4 +1,4 @@
-"""The run's Llama args: a flavor or a Hugging Face config.json, then the config's model.* keys, then the
+"""A decoder family's run args: a flavor or a Hugging Face config.json, then the config's model.* keys, then the
 tokenizer's vocabulary and the training sequence length; weights loaded from an HF folder must fit them."""
 
 from __future__ import annotations
@@ -6,13 +6,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from titan.models.llama3.hf_config import args_from_hf, check_same_architecture, read_hf_config
-from titan.models.llama3.model import ModelArgs
+from titan.hf import check_same_architecture, family_of, folder_args
+from titan.models.common.decoder import DecoderArgs
 from titan.tools.cli import UserError
-
-_INT_KEYS = ("vocab_size", "hidden_dim", "multiple_of", "rope_original_max_seq_len")
-_FLOAT_KEYS = ("ffn_dim_multiplier", "norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
-               "rope_high_freq_factor")
 
 
 def hf_weights_folder(job_config) -> Path | None:
@@ -21,38 +17,29 @@ def hf_weights_folder(job_config) -> Path | None:
     return Path(ckpt.initial_load_path) if ckpt.initial_load_path and ckpt.initial_load_in_hf else None
 
 
-def args_from_folder(job_config) -> ModelArgs:
-    """model.flavor = "hf": the architecture of the HF folder the run loads, else of model.hf_assets_path."""
+def args_from_folder(model_type: str, job_config) -> DecoderArgs:
+    """model.flavor = "hf": the architecture of the HF folder the run loads, else of model.hf_assets_path, whose
+    config.json must be of `model_type` (the spec's family)."""
     folder = hf_weights_folder(job_config) or (Path(job_config.model.hf_assets_path)
                                                if job_config.model.hf_assets_path else None)
     if folder is None:
         raise UserError("model.flavor 'hf' takes the architecture from a Hugging Face folder: set "
                          "checkpoint.initial_load_path (with checkpoint.initial_load_in_hf) or model.hf_assets_path")
-    return args_from_hf(read_hf_config(folder), str(folder / "config.json"))
+    return folder_args(folder, model_type)
 
 
-def model_overrides(model_config) -> dict:
-    """The llama3 fields that the config's model.* keys set (0 / "flavor" = keep the flavor's)."""
-    out = {k: getattr(model_config, k) for k in (*_INT_KEYS, *_FLOAT_KEYS) if getattr(model_config, k)}
-    if model_config.rope_scaling != "flavor":
-        out["rope_scaling"] = model_config.rope_scaling
-    if model_config.tie_embeddings != "flavor":
-        out["tie_embeddings"] = model_config.tie_embeddings == "tied"
-    return out
-
-
-def update_model_args(args: ModelArgs, job_config, tokenizer) -> ModelArgs:
+def update_model_args(args: DecoderArgs, job_config, tokenizer) -> DecoderArgs:
     """The vocabulary is model.vocab_size, else the HF folder's the run loads (or whose architecture it takes),
     else the tokenizer's; the RoPE table covers exactly the training sequence length (context parallel shards it
     with the sequence). Weights from an HF folder must fit: any other field that differs is an error."""
     folder = hf_weights_folder(job_config)
     source = str(folder / "config.json") if folder else ""
-    hf_args = args_from_hf(read_hf_config(folder), source) if folder else None
-    overrides = model_overrides(job_config.model)
-    if "vocab_size" not in overrides and job_config.model.flavor != "hf":
-        overrides["vocab_size"] = hf_args.vocab_size if hf_args else tokenizer.vocab_size
+    hf_args = folder_args(folder, family_of(args).model_type) if folder else None
+    updates = {"max_seq_len": job_config.training.seq_len}
+    if "vocab_size" not in job_config.model.args and job_config.model.flavor != "hf":
+        updates["vocab_size"] = hf_args.vocab_size if hf_args else tokenizer.vocab_size
     try:
-        args = dataclasses.replace(args, **overrides, max_seq_len=job_config.training.seq_len)
+        args = dataclasses.replace(args, **updates)
     except ValueError as e:
         raise UserError(f"model: {e}") from None
     if tokenizer.vocab_size > args.vocab_size:

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from lcsm.inference import native
+from lcsm.inference.accel import native
 from lcsm.inference.engines import build_engine
 from lcsm.model.fftconv import fft_causal_conv
 from tests.lcsm.inference.test_engines import run
@@ -115,7 +115,7 @@ def test_library_is_built_once_into_the_cache_folder(fresh_library):
 @pytest.mark.parametrize("cc", [None, "/bin/false"], ids=["no_compiler", "failing_compiler"])
 def test_without_a_working_compiler_flash_falls_back_to_tensor_ops(fresh_library, monkeypatch, caplog, cc):
     monkeypatch.setattr(native, "compiler", lambda: cc)
-    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.accel.native"):
         engine = build_engine("flash", torch.randn(1, 2, 8, dtype=torch.float64), 1)
     assert engine.c_step is None and engine.block == 16
     assert "engine steps run as tensor ops" in caplog.text
@@ -128,7 +128,7 @@ def test_without_a_working_compiler_flash_falls_back_to_tensor_ops(fresh_library
 def test_an_unwritable_or_damaged_cache_falls_back_with_a_warning(fresh_library, caplog):
     blocker = fresh_library / "native"
     blocker.write_text("a file where the folder would go")
-    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.accel.native"):
         assert build_engine("flash", torch.randn(1, 2, 8), 1).c_step is None
     assert "failed" in caplog.text and "engine steps run as tensor ops" in caplog.text
     blocker.unlink()
@@ -137,7 +137,7 @@ def test_an_unwritable_or_damaged_cache_falls_back_with_a_warning(fresh_library,
     damaged.write_bytes(b"not a shared library")
     native.library.cache_clear()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lcsm.inference.native"):
+    with caplog.at_level(logging.WARNING, logger="lcsm.inference.accel.native"):
         assert build_engine("lazy", torch.randn(1, 2, 8), 1).c_step is None
     assert f"loading {damaged} failed" in caplog.text and "delete it to rebuild" in caplog.text
 

@@ -1,14 +1,14 @@
 """Engine steps as one C call each (steps.c), built once per machine with the system's C compiler.
 
-- flash: a step at D = 64, B = 1 is about a hundred multiply-adds; as tensor ops it costs their dispatch, several
-  microseconds, which at long L is most of flash's time on a CPU.
+- flash: a step at D = 64, B = 1 is about a hundred multiply-adds; as tensor ops it costs their dispatch, which at
+  long L is most of flash's time on a CPU.
 - decode: block_exit of lcsm.inference.decode (out_proj, the MLP, the next block's norm, in_proj and short conv)
   in one call: at D = 64 its tensor ops cost their dispatch, and AOTInductor's code calls ATen for each matmul.
 - lazy: the baseline gets the same treatment, so that the comparison stays fair: at batch 1 its dot product over
   the whole history in one pass over memory, where the tensor path makes four.
 The library is compiled on first use into $LCSM_CACHE_DIR/native (about a second): where Python's headers are, as an
-extension module (steps_module.c: a call costs about 40 ns), else as a plain library loaded with ctypes (about
-0.9 us a call). Without a compiler, `available` is False and the engines keep their tensor paths.
+extension module (steps_module.c: the cheapest call from Python), else as a plain library loaded with ctypes.
+Without a compiler, `available` is False and the engines keep their tensor paths.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from lcsm.inference import autotune
+from lcsm.inference import accel
+from lcsm.inference.accel import autotune
 from titan.tools.native import FLAGS, LIBS, build_once, compiler
 
 logger = logging.getLogger(__name__)
@@ -89,8 +90,9 @@ def _load(path: Path):
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the C code serves tensors of this device and dtype here (a CPU, float32 or float64, a library)."""
-    return device.type == "cpu" and dtype in CTYPES and library() is not None
+    """Whether the C code serves tensors of this device and dtype here (accelerations on, a CPU, float32 or float64,
+    a library)."""
+    return accel.enabled() and device.type == "cpu" and dtype in CTYPES and library() is not None
 
 
 def c_function(name: str, device: torch.device, dtype: torch.dtype, argtypes: list, restype=None):

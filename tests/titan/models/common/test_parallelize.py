@@ -1,4 +1,4 @@
-"""Llama parallelization refuses what it cannot shard (tied embeddings under TP/PP, heads TP does not divide)
+"""Decoder parallelization refuses what it cannot shard (tied embeddings under TP/PP, heads TP does not divide)
 naming the fix, and on one rank applies only what the config asks (here: checkpointing)."""
 
 import dataclasses
@@ -10,8 +10,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from titan.config import parse_args
+from titan.models.common.parallelize import parallelize_decoder
 from titan.models.llama3 import Transformer, llama3_flavors
-from titan.models.llama3.parallelize import parallelize_llama
 from titan.tools.cli import UserError
 
 
@@ -27,17 +27,17 @@ def meta_model(**changes):
 @pytest.mark.parametrize("layout", [dims(tp=2), dims(pp=2)], ids=["tp", "pp"])
 def test_tied_embeddings_under_tensor_or_pipeline_parallel_are_refused(layout):
     with pytest.raises(UserError, match="tied embeddings .* drop tensor/pipeline parallel or pass --model."
-                                        "tie_embeddings untied"):
-        parallelize_llama(meta_model(tie_embeddings=True), layout, parse_args([]))
+                                        "tie_embeddings false"):
+        parallelize_decoder(meta_model(tie_embeddings=True), layout, parse_args([]))
 
 
 def test_a_tp_degree_that_does_not_divide_the_kv_heads_is_refused():
     with pytest.raises(UserError, match="tensor_parallel_degree 8 must divide n_heads 16 and n_kv_heads 4"):
-        parallelize_llama(meta_model(), dims(tp=8), parse_args([]))
+        parallelize_decoder(meta_model(), dims(tp=8), parse_args([]))
 
 
 def test_one_rank_gets_only_the_checkpointing_it_asked_for():
     model = meta_model()
-    assert parallelize_llama(model, dims(), parse_args(["--activation_checkpoint.mode", "full"])) is model
+    assert parallelize_decoder(model, dims(), parse_args(["--activation_checkpoint.mode", "full"])) is model
     assert all(isinstance(block, CheckpointWrapper) for block in model.layers.values())
     assert all(type(p) is nn.Parameter for p in model.parameters())  # no DTensor: neither TP nor FSDP
