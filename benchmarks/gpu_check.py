@@ -9,7 +9,8 @@ lcsm.bench, morphens.run, pytest), each under a time budget so that the whole ru
   profiled run's trace and memory snapshot; how long an async DCP save blocks the loop vs a sync one.
 - lcsm: the mixer and end-to-end generation, flash (hybrid, fft, triton tau) vs lazy and eager, L = 2^14 and up
   while the budget lasts, with every method's error against the FFT reference.
-- morphens: K = 8 MotherNets vs 8 independent trainings on scikit-learn's digits: wall time, FLOPs, accuracy.
+- morphens: K = 8 MotherNets vs 8 independent trainings on scikit-learn's digits, nets and batches on the GPU:
+  wall time, FLOPs, accuracy, the device each record ran on.
 - tests: benchmarks/gpu_numerics.py (float8 `_scaled_mm` vs emulation and bf16, compiled vs eager) on the device.
 Files under OUT_DIR (8 at most; a rerun of one part rewrites its own files and the summary): summary.md, log.txt,
 titan.json, titan_trace.json.gz, titan_memory_snapshot.pickle.gz (titan_memory_ops.txt on a CPU, which has no
@@ -217,9 +218,10 @@ def part_morphens(c: Check, deadline: float) -> None:
     rc, _ = c.run([sys.executable, "-m", "morphens.run", "--data.dataset", "digits", "--ensemble.size", "8",
                    "--training.threads", threads, *quick, "--run.out", str(folder)], deadline)
     results = (_json(folder / "results.json") or {}).get("results")
-    # morphens trains on the CPU (it has no device option): its figures are the host's 16 cores, not the GPU's.
-    (c.out / "morphens.json").write_text(json.dumps({"exit_code": rc, "device": "cpu", "threads": threads,
-                                                     "results": results}, indent=1))
+    # Nets and batches live on training.device (default: the GPU where there is one); each record names it.
+    devices = sorted({r["device"] for r in results or []})
+    (c.out / "morphens.json").write_text(json.dumps({"exit_code": rc, "device": ",".join(devices) or None,
+                                                     "threads": threads, "results": results}, indent=1))
 
 
 def part_tests(c: Check, deadline: float) -> None:

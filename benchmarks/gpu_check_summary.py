@@ -53,11 +53,12 @@ def lcsm_section(lc: dict) -> list[str]:
 
 
 def morphens_section(m: dict) -> list[str]:
-    lines = [f"## morphens (exit {m['exit_code']}; trains on the CPU, {m['threads']} threads)", "",
+    lines = [f"## morphens (exit {m['exit_code']}; trains on {m['device']}, {m['threads']} CPU threads)", "",
              "| method | K | wall s | train cost GFLOP | ensemble acc % | independent / this: FLOPs, wall |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in m["results"] or []:
-        ratios = f"{_f(r.get('cost_ratio'), '.2f')}x, {_f(r.get('wall_ratio'), '.2f')}x" if "cost_ratio" in r else ""
+        s = r.get("speedup")
+        ratios = f"{_f(s['cost'], '.2f')}x, {_f(s['wall'], '.2f')}x" if s else ""
         lines.append(f"| {r['method']} | {r['ensemble_size']} | {r['wall_s']:.1f} | {r['train_cost'] / 1e9:,.1f} | "
                      f"{r['ensemble_acc']:.1f} | {ratios} |")
     return [*lines, ""]

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from titan.components.checkpoint.safe_reader import SafeFileSystemReader
+from titan.components.checkpoint.safe_reader import SafeFileSystemReader, SafeLoadPlanner
 from titan.config import parse_args
 from titan.tools.logging import init_logger
 from titan.trainer import Trainer
@@ -50,7 +50,7 @@ def throughput(trainer: Trainer, folder: Path, repeats: int = 3) -> dict:
         times["torch_save"].append(time.perf_counter() - t0)
         target = {k: torch.empty_like(v) for k, v in state.items()}
         t0 = time.perf_counter()
-        dcp.load(target, storage_reader=SafeFileSystemReader(str(folder / "dcp")))
+        dcp.load(target, storage_reader=SafeFileSystemReader(str(folder / "dcp")), planner=SafeLoadPlanner())
         times["dcp_load"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         torch.load(folder / "plain.pt", weights_only=True)

@@ -3,8 +3,14 @@ import shutil
 
 import pytest
 
+from titan.tools.native import compiler
+
 # Tests share two cores with other test processes: one intra-op thread per process keeps runs predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+needs_compiler = pytest.mark.skipif(compiler() is None, reason="no C compiler here ($CC, cc, gcc or clang): the "
+                                    "torch ops run instead, as the no-compiler tests check")
 
 
 @pytest.fixture(scope="module")

@@ -188,3 +188,26 @@ def run_module(module: str, args: list[str], env: dict[str, str], nproc: int = 1
         else:
             code = 0 if all(c == 0 for c in codes) else 1
         return subprocess.CompletedProcess(cmd, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+
+def run_ranks(module: str, args: list[str], out: Path, nproc: int = 2, timeout: float = 120) -> list[dict]:
+    """Runs `python -m module *args OUT` in `nproc` ranks and returns what each wrote with `report_rank`."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    proc = run_module(module, [*args, str(out)], os.environ | {"OMP_NUM_THREADS": "1"}, nproc=nproc,
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def report_rank(out: Path, result: dict) -> None:
+    """In a rank of `run_ranks`: writes its result to OUT/rank<r>.json, then leaves the process group with the
+    others."""
+    import json
+
+    import torch.distributed as dist
+
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()

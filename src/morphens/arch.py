@@ -218,9 +218,9 @@ class Generator:
     blocks: int = 3
     """Pooling levels of VGG blocks / ResNet stages."""
     width: int = 16
-    """Base width: block b draws widths from width * 2**b * [1, spread] (MLP: width * 16 * [1, spread])."""
-    spread: float = 2.0
-    """Largest over smallest width a layer may draw; a small spread keeps the mother (the minimum) large."""
+    """Base width: block b draws widths from width * 2**b * [1, width_ratio] (MLP: width * 16 * [1, width_ratio])."""
+    width_ratio: float = 2.0
+    """Largest over smallest width a layer may draw; a small ratio keeps the mother (the minimum) large."""
     max_depth: int = 3
     """Most layers per VGG block / residual blocks per stage / MLP hidden layers (at least 1)."""
     kernels: tuple[int, ...] = (3, 5, 7)
@@ -229,8 +229,8 @@ class Generator:
     def __post_init__(self):
         if self.family not in (*FAMILIES, "mixed"):
             raise ValueError(f"family {self.family!r} is unknown; choose vgg, resnet, mlp or mixed")
-        if self.blocks < 1 or self.width < 1 or self.max_depth < 1 or self.spread < 1:
-            raise ValueError("generator: blocks, width, max_depth and spread must be >= 1")
+        if self.blocks < 1 or self.width < 1 or self.max_depth < 1 or self.width_ratio < 1:
+            raise ValueError("generator: blocks, width, max_depth and width_ratio must be >= 1")
         for k in self.kernels:
             Conv(1, k)
 
@@ -242,7 +242,7 @@ class Generator:
         family = rng.choice(FAMILIES) if self.family == "mixed" else self.family
 
         def width(level: int) -> int:
-            return round(self.width * 2**level * rng.uniform(1, self.spread))
+            return round(self.width * 2**level * rng.uniform(1, self.width_ratio))
 
         depth = lambda: rng.randint(1, self.max_depth)
         if family == "vgg":

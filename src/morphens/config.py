@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from morphens.arch import Generator
 from morphens.data import DATASETS
 from titan.config.manager import ConfigManager
+from titan.distributed.runtime import device_type
 
 
 @dataclass
@@ -44,8 +47,8 @@ class Ensemble:
     blocks: int = 3
     """Pooling levels (VGG blocks / ResNet stages) of generated members."""
     width: int = 6
-    """Base width of generated members (block b draws from width * 2**b * [1, spread])."""
-    spread: float = 1.5
+    """Base width of generated members (block b draws from width * 2**b * [1, width_ratio])."""
+    width_ratio: float = 1.5
     """Largest over smallest width a generated layer may draw."""
     max_depth: int = 2
     """Most layers per block of generated members."""
@@ -67,7 +70,7 @@ class Ensemble:
             raise ValueError(f"ensemble: {e}") from None
 
     def generator(self) -> Generator:
-        return Generator(self.family, self.blocks, self.width, self.spread, self.max_depth, tuple(self.kernels))
+        return Generator(self.family, self.blocks, self.width, self.width_ratio, self.max_depth, tuple(self.kernels))
 
 
 @dataclass
@@ -129,8 +132,7 @@ class Training:
     batch_size: int = 128
     """Global batch size."""
     lr: float = 1.2e-2
-    """Peak AdamW learning rate (linear warmup over 5% of steps, then cosine decay to zero); tuned on both built-in
-    datasets (the default K=4 fashion run: independent ensemble 87.92% at 3e-3, 89.13% at 1.2e-2)."""
+    """Peak AdamW learning rate (linear warmup over 5% of steps, then cosine decay to zero)."""
     weight_decay: float = 5e-4
     """AdamW weight decay."""
     engine: Literal["titan", "local"] = "titan"
@@ -139,7 +141,11 @@ class Training:
     """torch CPU threads (0 = torch's default); 1 is fastest for small nets on a busy 2-core machine."""
     spread: Literal["none", "members"] = "none"
     """Under torchrun: none = every net trains on all ranks (FSDP); members = mothers, then members, are dealt
-    out over the ranks by cost, each trained on its rank alone (titan's solo mode); rank 0 gathers the results."""
+    out over the ranks by cost, each trained on its rank alone (titan's solo mode); rank 0 gathers the results.
+    A snapshot ensemble is one chain of cycles: every rank trains it alone, alike."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where nets train and evaluate, batches included (auto = CUDA where torch sees a GPU, else the CPU). The
+    titan engine trains on the machine's device, so it takes only auto or that device."""
     seed: int = 0
     """Seed of initialization and data order."""
 
@@ -148,20 +154,66 @@ class Training:
             raise ValueError("training: epochs and lr must be > 0, batch_size >= 2, weight_decay and threads >= 0")
         if self.seed < 0:
             raise ValueError(f"training.seed must be >= 0, got {self.seed}")
+        machine = device_type()
+        if self.device == "cuda" and machine != "cuda":
+            raise ValueError("training.device cuda: torch sees no CUDA device here; use auto or cpu")
+        if self.engine == "titan" and self.device not in ("auto", machine):
+            raise ValueError(f"training.device {self.device}: the titan engine trains on this machine's device "
+                             f"({machine}); use auto, or --training.engine local")
+
+    def torch_device(self) -> torch.device:
+        return torch.device(device_type() if self.device == "auto" else self.device)
+
+
+@dataclass
+class Snapshot:
+    """Snapshot Ensembles (Huang et al., 2017): one net trained through `cycles` warm-restart cycles of cosine
+    learning rate, the last K cycles' end points averaged as an ensemble of K."""
+
+    cycles: int = 0
+    """Cycles of the chain (0 = the ensemble size K; at least K)."""
+    cycle_epochs: float = 2.0
+    """Epochs of each cycle (peak lr after a 5% warmup, cosine to zero; AdamW's moments restart with the cycle)."""
+    member: int = -1
+    """Which of the first K members' architectures the chain trains (-1 = the median one by forward FLOPs)."""
+    batch_size: int = 0
+    """Batch size of the chain (0 = training.batch_size)."""
+    lr_factor: float = 1.0
+    """Peak learning rate of every cycle relative to training.lr."""
+
+    def __post_init__(self):
+        if self.cycles < 0 or self.cycle_epochs <= 0 or self.lr_factor <= 0 or self.member < -1:
+            raise ValueError("snapshot: cycles must be >= 0 (0 = K), cycle_epochs and lr_factor > 0, member >= -1 "
+                             "(-1 = the median member)")
+        if self.batch_size < 0 or self.batch_size == 1:
+            raise ValueError("snapshot.batch_size must be 0 (= training.batch_size) or >= 2")
+
+
+METHODS = ("mothernets", "independent", "snapshot")
 
 
 @dataclass
 class Run:
     out: str = "outputs/morphens"
     """Folder for results.json, results.png and the per-net titan dump folders."""
-    baseline: bool = True
-    """Also train the independent members (the comparison)."""
+    methods: list[str] = field(default_factory=lambda: ["mothernets", "independent"])
+    """Methods trained at every size and budget, in this order: mothernets, independent (every member from
+    scratch, the baseline), snapshot (Snapshot Ensembles)."""
     sizes: list[int] = field(default_factory=list)
     """Sweep over ensemble sizes (the first k generated members each); empty = just ensemble.size."""
+    budgets: list[float] = field(default_factory=list)
+    """Sweep over training budgets: each scales every epoch count of every method (training.epochs, the mothers',
+    their cycles', the hatched members' and the snapshot cycles'); empty = [1]. The accuracy-time frontier."""
 
     def __post_init__(self):
         if any(k < 1 for k in self.sizes):
             raise ValueError(f"run.sizes must be positive ensemble sizes, got {self.sizes}")
+        if any(b <= 0 for b in self.budgets):
+            raise ValueError(f"run.budgets must be positive factors of the epoch counts, got {self.budgets}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods or len(set(self.methods)) < len(self.methods):
+            raise ValueError(f"run.methods: {', '.join(unknown) or 'empty or repeated'}; give each of "
+                             f"{', '.join(METHODS)} at most once")
 
 
 @dataclass
@@ -170,6 +222,7 @@ class RunConfig:
     ensemble: Ensemble = field(default_factory=Ensemble)
     mothernet: MotherNet = field(default_factory=MotherNet)
     training: Training = field(default_factory=Training)
+    snapshot: Snapshot = field(default_factory=Snapshot)
     run: Run = field(default_factory=Run)
 
 

@@ -11,16 +11,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
-from morphens.fused import bn_relu, channels_last, conv, max_pool2
 
 BN_EPS = 1e-5
 """Every BatchNorm's eps (the identity layers that morphisms insert are built with it)."""
 
 
+def channels_last(x: torch.Tensor) -> bool:
+    """Whether a (N, C, H, W) tensor lies channels-last in memory, read from the strides as oneDNN does (so that one
+    channel can be either)."""
+    return x.stride(1) == 1 and x.is_contiguous(memory_format=torch.channels_last)
+
+
 def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     """x in channels-last memory with strides that say so, also for one channel (where `contiguous(memory_format)`
     keeps channels-first strides): each layer keeps its input's layout, and at these widths oneDNN's convolutions
-    take 0.6-0.87x the time in channels-last (forward + backward, each of the fashion sweep's nets)."""
+    run faster channels-last (benchmarks/RESULTS.md)."""
     if channels_last(x):
         return x
     return x.new_empty(x.shape[0], *x.shape[2:], x.shape[1]).permute(0, 3, 1, 2).copy_(x)
@@ -33,7 +38,7 @@ class ConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bn_relu(conv(x, self.conv), self.bn)
+        return F.relu(self.bn(self.conv(x)))
 
 
 class LinearBN(nn.Module):
@@ -43,7 +48,7 @@ class LinearBN(nn.Module):
         self.bn = nn.BatchNorm1d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bn_relu(self.fc(x), self.bn)
+        return F.relu(self.bn(self.fc(x)))
 
 
 class ResBlock(nn.Module):
@@ -55,7 +60,7 @@ class ResBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(width, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x + self.bn2(self.conv2(bn_relu(self.conv1(x), self.bn1))))
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
 
 
 class ResStage(nn.Module):
@@ -107,7 +112,7 @@ class Net(nn.Module):
             return self.head(x)
         x = to_channels_last(x)
         for i, stage in enumerate(self.layers.values()):
-            x = max_pool2(x) if i else x
+            x = F.max_pool2d(x, 2) if i else x
             x = stage(x)
         # The head conv covers the whole map, so it is a matmul over the flattened features: as F.linear its
         # forward and backward cost half of what a full-map convolution does on CPU (a fixed cost of every step,

@@ -238,7 +238,7 @@ def grow_kernel(parent: Net, block: int, layer: int, kernel: int) -> Net:
     return _child(parent, *_kernel_grown(parent.arch, parent.state_dict(), block, layer, kernel), None)
 
 
-def _spread(w: torch.Tensor) -> torch.Tensor:
+def _noise_scale(w: torch.Tensor) -> torch.Tensor:
     """The scale of a weight tensor's noise: its std, or its RMS where the std is undefined (one element) or zero
     (all replicas of one value, exactly the symmetry that the noise must break)."""
     std = w.std() if w.numel() > 1 else w.new_zeros(())
@@ -247,7 +247,7 @@ def _spread(w: torch.Tensor) -> torch.Tensor:
 
 def add_noise(parent: Net, amount: float, calib: torch.Tensor, gen: torch.Generator | None = None,
               tolerance: float = 0.02) -> Net:
-    """Symmetry breaking: adds Gaussian noise to every conv/linear weight (each scaled by `_spread` of it),
+    """Symmetry breaking: adds Gaussian noise to every conv/linear weight (each scaled by `_noise_scale` of it),
     sized so the eval-mode logits on `calib` move by `amount` relative RMS (within `tolerance` of it)."""
     if amount < 0:
         raise ValueError(f"noise: amount must be >= 0, got {amount}")
@@ -260,7 +260,7 @@ def _noised(net: Net, amount: float, calib: torch.Tensor, gen: torch.Generator |
     """add_noise in place, on a net that nothing else holds."""
     state = {k: v.clone() for k, v in net.state_dict().items()}
     names = [n for n, p in net.named_parameters() if p.dim() > 1]
-    direction = {n: torch.randn(state[n].shape, generator=gen).to(state[n]) * _spread(state[n]) for n in names}
+    direction = {n: torch.randn(state[n].shape, generator=gen).to(state[n]) * _noise_scale(state[n]) for n in names}
     training = net.training
     reference = net.eval()(calib)
 

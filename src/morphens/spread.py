@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 from datetime import timedelta
+from typing import TypeVar
 
 import torch.distributed as dist
 
 from morphens.arch import Arch
 from morphens.config import RunConfig
 from morphens.models import Net
+
+T = TypeVar("T")
 
 
 def spreading(cfg: RunConfig) -> bool:
@@ -24,8 +27,7 @@ def spreading(cfg: RunConfig) -> bool:
 
 def deal(costs: list[float], ranks: int) -> list[int]:
     """The rank of each job: the costliest first, each to the rank with the least cost so far, so that ranks
-    finish together (dealt in turn instead, rank 0 drew fashion K=8's four largest members: 132 s of training to
-    rank 1's 79 s)."""
+    finish together (dealt in turn, one rank can draw all the largest members)."""
     load, out = [0.0] * ranks, [0] * len(costs)
     for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
         out[i] = min(range(ranks), key=lambda r: load[r])
@@ -51,10 +53,10 @@ def gather_group() -> dist.ProcessGroup:
     return dist.new_group(backend="gloo", timeout=timedelta(days=7))
 
 
-def gathered(cfg: RunConfig, mine: dict[int, dict]) -> list[dict]:
-    """Every member's entry in member order, on every rank (each rank only holds its own when spreading)."""
+def gathered(cfg: RunConfig, mine: dict[int, T]) -> list[T]:
+    """Every net's entry in net order, on every rank (each rank only holds its own when spreading)."""
     if spreading(cfg):
-        parts: list[dict] = [{}] * dist.get_world_size()
+        parts: list[dict[int, T]] = [{}] * dist.get_world_size()
         dist.all_gather_object(parts, mine, group=gather_group())
         mine = {i: entry for part in parts for i, entry in part.items()}
     return [mine[i] for i in sorted(mine)]

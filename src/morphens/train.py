@@ -18,6 +18,7 @@ from morphens.arch import Arch, forward_flops
 from morphens.config import RunConfig
 from morphens.data import Dataset, Loader
 from morphens.models import Net
+from morphens.records import Seconds
 
 WARMUP = 0.05
 
@@ -25,10 +26,9 @@ WARMUP = 0.05
 @dataclass
 class Fit:
     net: Net
+    """The trained net, on the CPU (hatching and the spread's broadcasts work there)."""
     steps: int
-    seconds: float
-    cpu_seconds: float
-    """CPU time of this process: unlike wall time, not inflated by other jobs on a shared machine."""
+    time: Seconds
     flops: float
     """Training FLOPs: 3 x forward FLOPs per image x images seen."""
 
@@ -57,23 +57,24 @@ def fit(net: Net, data: Dataset, cfg: RunConfig, epochs: float, lr: float, seed:
         trained = train_with_titan(net, cfg, steps, lr, seed, name, solo)
     else:
         trained = _train_local(net, data, cfg, steps, lr, seed)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    seconds = Seconds(time.perf_counter() - start, time.process_time() - cpu_start)
     flops = 3.0 * forward_flops(net.arch) * steps * cfg.training.batch_size
-    return Fit(trained, steps, seconds, cpu_seconds, flops)
+    return Fit(trained.cpu(), steps, seconds, flops)
 
 
 def _train_local(net: Net, data: Dataset, cfg: RunConfig, steps: int, lr: float, seed: int) -> Net:
+    t = cfg.training
+    device = t.torch_device()
     model = Net(net.arch)
     model.load_state_dict(net.state_dict())
-    model.train()
-    t = cfg.training
+    model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps))
     batches = iter(Loader(data, t.batch_size, augmented=cfg.data.augment, seed=seed, limit=cfg.data.train_limit,
                           bootstrap=cfg.data.bootstrap))
     for _ in range(steps):
         x, y = next(batches)
-        loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device, non_blocking=True))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -83,12 +84,16 @@ def _train_local(net: Net, data: Dataset, cfg: RunConfig, steps: int, lr: float,
 
 
 @torch.no_grad()
-def predict(net: Net, data: Dataset, limit: int = 0, batch_size: int = 1000) -> torch.Tensor:
-    """Softmax probabilities on the test split, (N, classes), in eval mode."""
-    was_training = net.training
-    net.eval()
-    probs = torch.cat([F.softmax(net(x), -1) for x, _ in Loader(data, batch_size, split="test", limit=limit)])
-    net.train(was_training)
+def predict(net: Net, data: Dataset, limit: int = 0, device: torch.device | None = None,
+            batch_size: int = 1000) -> torch.Tensor:
+    """Softmax probabilities on the test split, (N, classes), in eval mode, computed on `device` (default the
+    net's); returned on the CPU, the net left where it was."""
+    was_training, home = net.training, next(net.parameters()).device
+    device = device or home
+    net.to(device).eval()
+    probs = torch.cat([F.softmax(net(x.to(device, non_blocking=True)), -1).cpu()
+                       for x, _ in Loader(data, batch_size, split="test", limit=limit)])
+    net.to(home).train(was_training)
     return probs
 
 

@@ -91,7 +91,8 @@ def test_morphens_compares_eight_mothernet_members_with_eight_independent(dry_ru
     assert {r["ensemble_size"] for r in results} == {8} and len({r["method"] for r in results}) == 2
     assert all(0 <= r["ensemble_acc"] <= 100 and len(r["member_acc"]) == 8 and r["train_cost"] > 0 for r in results)
     mother, independent = sorted(results, key=lambda r: r["method"] != "mothernets")
-    assert mother["cost_ratio"] == pytest.approx(independent["train_cost"] / mother["train_cost"])
+    assert mother["speedup"]["cost"] == pytest.approx(independent["train_cost"] / mother["train_cost"])
+    assert morphens["device"] == "cpu" and {r["device"] for r in results} == {"cpu"}  # the dry run's device
 
 
 def numerics_counts() -> str:

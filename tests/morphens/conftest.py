@@ -3,19 +3,9 @@ import pytest
 import torch
 
 
-@pytest.fixture(autouse=True, scope="session")
-def kernel_cache_in_tmp(tmp_path_factory):
-    """morphens' C kernels are built into a folder of this session, not the user's ~/.cache/morphens (subprocesses
-    inherit it)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MORPHENS_CACHE_DIR", str(tmp_path_factory.mktemp("morphens_cache")))
-    yield
-    mp.undo()
-
-
 @pytest.fixture(autouse=True)
 def one_thread():
-    """torch on one thread, morphens' default (`training.threads`), under which its C kernels serve the nets."""
+    """torch on one thread, morphens' default (`training.threads`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

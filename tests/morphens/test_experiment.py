@@ -27,18 +27,18 @@ def test_hatched_members_reach_independent_accuracy_in_fewer_epochs(tmp_path):
     """Digits MLPs through the titan engine: members hatched from a (cheap, long-trained) mother and trained 2
     epochs match members trained 12 epochs from scratch; members trained 2 epochs from scratch are far worse."""
     overrides = {"data.dataset": "digits", "ensemble.family": "mlp", "ensemble.size": "3", "ensemble.width": "6",
-                 "ensemble.spread": "1.5", "ensemble.max_depth": "2", "training.batch_size": "64",
+                 "ensemble.width_ratio": "1.5", "ensemble.max_depth": "2", "training.batch_size": "64",
                  "training.epochs": "12", "mothernet.mother_epochs": "24", "mothernet.hatch_epochs": "2",
                  "run.out": str(tmp_path)}
     cfg = load_config("", list(overrides.items()))
     data, members, _ = prepare(cfg)
     labels = eval_labels(data)
     mean = lambda accs: sum(accs) / len(accs)
-    from_scratch = mean([r["acc"] for r in independent(cfg, data, members, labels)])
-    hatched = mean(mothernets(cfg, data, members, labels)["member_acc"])
+    from_scratch = mean([r.acc for r in independent(cfg, data, members, labels)])
+    hatched = mean(mothernets(cfg, data, members, labels).member_acc)
     assert hatched >= from_scratch - 1.0
     cfg.training.epochs = 2
-    assert mean([r["acc"] for r in independent(cfg, data, members, labels)]) < hatched - 5.0
+    assert mean([r.acc for r in independent(cfg, data, members, labels)]) < hatched - 5.0
 
 
 def test_json_config_gives_the_same_members_as_toml(tmp_path):
@@ -67,9 +67,9 @@ def test_snapshots_hatch_the_members_of_a_cluster_from_successive_warm_restarts(
     first, second, third = hatched_from
     assert first is third and first is not second
     assert not torch.equal(first.state_dict()["head.weight"], second.state_dict()["head.weight"])
-    assert len(out["mothers"][0]["snapshot_acc"]) == 2
+    assert len(out.mothers[0].snapshot_acc) == 2
     cycle = 3.0 * forward_flops(mother_of(members)) * steps_for(1, data, cfg) * cfg.training.batch_size
-    assert out["train_cost"] == pytest.approx(single["train_cost"] + cycle)
+    assert out.train_cost == pytest.approx(single.train_cost + cycle)
 
 
 def test_every_training_of_a_run_reads_the_data_in_its_own_order(monkeypatch, tmp_path):
@@ -125,11 +125,11 @@ def test_each_cluster_has_its_own_mother_and_snapshots(monkeypatch, tmp_path):
 
     monkeypatch.setattr(experiment, "hatch", spy)
     out = mothernets(cfg, data, members, eval_labels(data))
-    assert [len(m["snapshot_acc"]) for m in out["mothers"]] == [2, 2]
+    assert [len(m.snapshot_acc) for m in out.mothers] == [2, 2]
     assert len({id(m) for m in hatched_from.values()}) == 4
-    for mother in out["mothers"]:
-        first, second = (hatched_from[i] for i in mother["members"])
-        assert first.arch == mother_of([members[i] for i in mother["members"]]) == second.arch
+    for mother in out.mothers:
+        first, second = (hatched_from[i] for i in mother.members)
+        assert first.arch == mother_of([members[i] for i in mother.members]) == second.arch
 
 
 
@@ -154,11 +154,86 @@ def test_mothers_and_hatched_members_train_with_their_own_batch_size_and_lr(monk
     out = mothernets(cfg, data, members, eval_labels(data))
     lr = cfg.training.lr
     assert seen == {"mother": (128, 2 * lr), "mother-snapshot": (128, 2 * lr), "hatched": (32, lr * 1.0)}
-    split = out["time"]
-    assert split["mother_s"] == fits["mother-0-of-2"].seconds
-    assert split["snapshots_cpu_s"] == fits["mother-0-of-2-snapshot-1"].cpu_seconds
-    assert split["members_s"] == pytest.approx(sum(f.seconds for n, f in fits.items() if n.startswith("hatched")))
-    assert split["hatch_s"] > 0 and split["hatch_cpu_s"] > 0
-    assert out["wall_s"] == pytest.approx(sum(split[k] for k in experiment.TIME_PARTS))
-    assert out["cpu_s"] == pytest.approx(sum(split[k.replace("_s", "_cpu_s")] for k in experiment.TIME_PARTS))
+    split = out.time
+    assert split.mothers == fits["mother-0-of-2"].time
+    assert split.snapshots == fits["mother-0-of-2-snapshot-1"].time
+    assert split.members.wall == pytest.approx(sum(f.time.wall for n, f in fits.items() if n.startswith("hatched")))
+    assert split.hatch.wall > 0 and split.hatch.cpu > 0
+    parts = [split.mothers, split.snapshots, split.hatch, split.members]
+    assert out.wall_s == pytest.approx(sum(p.wall for p in parts))
+    assert out.cpu_s == pytest.approx(sum(p.cpu for p in parts))
 
+
+
+def test_snapshot_ensemble_averages_the_last_k_end_points_of_one_chain_of_warm_restarts(monkeypatch, tmp_path):
+    """snapshot.cycles 4 at K = 3: one net (the median member by FLOPs) through four cycles at the chain's own batch
+    and lr, each from the last one's end point; the last three end points are the ensemble, all four are paid for."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "3", "snapshot.cycles": "4",
+                                                      "snapshot.cycle_epochs": "0.2", "snapshot.batch_size": "32",
+                                                      "snapshot.lr_factor": "0.5"})
+    fits = []
+    real_fit = experiment.fit
+
+    def spy(net, data, run_cfg, epochs, lr, seed, name, solo=False):
+        fits.append((net, run_cfg.training.batch_size, epochs, lr, real_fit(net, data, run_cfg, epochs, lr, seed, name,
+                                                                            solo)))
+        return fits[-1][-1]
+
+    monkeypatch.setattr(experiment, "fit", spy)
+    labels = eval_labels(data)
+    out = experiment.snapshot_ensemble(cfg, data, members, labels)
+    arch = sorted(members, key=forward_flops)[1]
+    assert [f[0].arch for f in fits] == [arch] * 4
+    assert all(later[0] is earlier[-1].net for earlier, later in zip(fits, fits[1:]))
+    assert {(f[1], f[2], f[3]) for f in fits} == {(32, 0.2, 0.5 * cfg.training.lr)}
+    last = [train.accuracy(train.predict(f[-1].net, data), labels) for f in fits[1:]]
+    assert out.method == "snapshot" and out.ensemble_size == 3 and out.member_acc == last
+    probs = torch.stack([train.predict(f[-1].net, data) for f in fits[1:]]).mean(0)
+    assert out.ensemble_acc == train.accuracy(probs, labels)
+    assert out.train_cost == pytest.approx(sum(f[-1].flops for f in fits))
+    assert out.wall_s == pytest.approx(sum(f[-1].time.wall for f in fits))
+
+
+def test_budgets_scale_every_methods_epochs_and_each_method_gets_its_speedup(monkeypatch, tmp_path):
+    """run.budgets 0.5, 1: every fit of budget 0.5 (mother, cycle, two hatched, two independent, two snapshots) runs
+    half the epochs of its budget-1 twin; each record carries
+    its budget and the device that ran it, and the methods beside the baseline its cost and time ratios."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "training.epochs": "0.4",
+                                                      "mothernet.mother_epochs": "0.4", "mothernet.snapshots": "2",
+                                                      "mothernet.snapshot_epochs": "0.2", "snapshot.cycle_epochs": "0.2",
+                                                      "run.budgets": "0.5,1",
+                                                      "run.methods": "mothernets,independent,snapshot"})
+    epochs = {}
+    real_fit = experiment.fit
+
+    def spy(net, data, run_cfg, e, lr, seed, name, solo=False):
+        epochs.setdefault(name, []).append(e)
+        return real_fit(net, data, run_cfg, e, lr, seed, name, solo)
+
+    monkeypatch.setattr(experiment, "fit", spy)
+    reported = []
+    results = experiment.experiment(cfg, data, members, [2], done=lambda so_far: reported.append(len(so_far)))
+    assert reported == [3, 6]  # the report is rewritten after each budget's size
+    assert [(r.method, r.budget) for r in results] == [(m, b) for b in (0.5, 1.0)
+                                                       for m in ("mothernets", "independent", "snapshot")]
+    assert len(epochs) == 2 + 2 + 2 + 2 and all(len(e) == 2 and e[0] == pytest.approx(e[1] / 2) for e in epochs.values())
+    for r in results:
+        assert r.device == "cpu"
+        base = next(b for b in results if b.method == "independent" and b.budget == r.budget)
+        if r is base:
+            assert r.speedup is None
+        else:
+            assert r.speedup.cost == pytest.approx(base.train_cost / r.train_cost)
+            assert r.speedup.wall == pytest.approx(base.wall_s / r.wall_s)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_local_engine_trains_and_evaluates_on_cuda_as_on_the_cpu(tmp_path):
+    """training.device cuda: the record names the GPU; the nets match the CPU's to within float rounding."""
+    on = {}
+    for device in ("cpu", "cuda"):
+        cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "training.epochs": "0.5",
+                                                          "run.methods": "independent", "training.device": device})
+        on[device] = experiment.experiment(cfg, data, members, [2])[0]
+    assert on["cuda"].device.startswith("cuda") and on["cpu"].device == "cpu"
+    assert on["cuda"].member_acc == pytest.approx(on["cpu"].member_acc, abs=1.0)

@@ -71,7 +71,7 @@ def test_cli_writes_results_and_plot(capsys, tmp_path):
     *_, line = out.strip().splitlines()
     assert line.startswith("done: 4 ensembles in "), line
     assert line.endswith(f", K=2 ensemble accuracy mothernets {mothernets['ensemble_acc']:.2f}% "
-                         f"({mothernets['wall_ratio']:.2f}x less wall time), independent "
+                         f"({mothernets['speedup']['wall']:.2f}x less wall time), independent "
                          f"{independent['ensemble_acc']:.2f}%, outputs in {tmp_path} (results.json, results.png)")
 
 
@@ -92,7 +92,7 @@ def test_resnet_ensemble_from_cifar_files_through_titan(capsys, tmp_path, cifar1
 def test_members_per_cluster_scales_g_with_the_ensemble_size(capsys, tmp_path):
     code, _, err = run_cli(capsys, *DIGITS, "--sizes", "2,5", "--ensemble.family", "mlp", "--training.engine", "local",
                            "--mothernet.members_per_cluster", "2", "--mothernet.mother_epochs", "0.2",
-                           "--mothernet.hatch_epochs", "0.1", "--run.baseline", "false", "--run.out", str(tmp_path))
+                           "--mothernet.hatch_epochs", "0.1", "--run.methods", "mothernets", "--run.out", str(tmp_path))
     assert code == 0, err
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert [(r["ensemble_size"], r["clusters"]) for r in results] == [(2, 1), (5, 3)]
@@ -104,3 +104,13 @@ def test_an_out_folder_under_a_file_names_run_out(capsys, tmp_path):
     code, out, err = run_cli(capsys, *DIGITS, "--run.out", str(blocker / "out"))
     assert code == 2 and err.count("\n") == 1
     assert err.startswith(f"error: run.out {blocker / 'out'} cannot be written") and "job.dump_folder" not in err
+
+
+def test_quick_runs_all_three_methods_on_digits_and_later_options_override_it(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "--quick", "--ensemble.size", "2", "--run.out", str(tmp_path))
+    assert code == 0, err
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [(r["method"], r["ensemble_size"], r["device"]) for r in results] == [
+        ("mothernets", 2, "cpu"), ("independent", 2, "cpu"), ("snapshot", 2, "cpu")]
+    config = json.loads((tmp_path / "results.json").read_text())["config"]
+    assert config["data"]["dataset"] == "digits" and config["training"]["engine"] == "local"

@@ -80,13 +80,24 @@ def check_layout(job_config, dims: ParallelDims, args) -> int:
     return global_batch
 
 
-def estimate(job_config, hw: Hardware) -> dict:
+@dataclass
+class Plan:
+    """What the dry run read back of a run, independent of the hardware assumptions."""
+
+    job_config: object
+    args: object
+    dims: ParallelDims
+    lay: object
+    infos: list
+    num_params: int
+    flops_per_token: float
+
+
+def plan(job_config) -> Plan:
+    """The dry run: the model on the meta device, parallelized rank by rank under a fake process group."""
     world = job_config.comm.world_size
     if world < 1:
         raise UserError("comm.world_size: pass the number of GPUs to estimate for, e.g. --comm.world_size 512")
-    peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
-    if peak_tflops is None:
-        raise UserError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
     dims = ParallelDims.from_config(job_config.parallelism, world)
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
     args = resolve_model_args(spec, job_config)
@@ -95,25 +106,35 @@ def estimate(job_config, hw: Hardware) -> dict:
     with torch.device("meta"):
         model = spec.build_model(args)
     infos = [dry_run_rank(spec, model, job_config, dims, r) for r in range(dims.pp)]
-    ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in infos]
     # The trainer's MFU numerator, so that estimated and measured MFU compare.
     num_params = sum(p.numel() for p in model.parameters())
     flops_per_token = (spec.flops_per_token(model, args, job_config.training.seq_len) if spec.flops_per_token
                        else 6.0 * num_params)
-    distinct = sum(p.distinct_params for info in infos for p in info.parts)
+    return Plan(job_config, args, dims, lay, infos, num_params, flops_per_token)
+
+
+def estimate(job_config, hw: Hardware, planned: Plan | None = None) -> dict:
+    """The report of `job_config` under the assumptions `hw`; `planned`: its dry run, if already done."""
+    peak_tflops = hw.peak_tflops or gpu_peak_tflops(hw.gpu)
+    if peak_tflops is None:
+        raise UserError(f"estimate.gpu: no peak known for {hw.gpu!r}; pass --estimate.peak_tflops")
+    p = planned or plan(job_config)
+    lay, dims = p.lay, p.dims
+    ranks = [rank_costs(lay, info, hw, peak_tflops * 1e12) for info in p.infos]
+    distinct = sum(part.distinct_params for info in p.infos for part in info.parts)
     return {
         "model": f"{job_config.model.name}/{job_config.model.flavor}",
-        "num_params": num_params,
+        "num_params": p.num_params,
         "params_over_all_shards": distinct,
-        "flops_per_token": flops_per_token,
-        "layout": {"world_size": world, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
+        "flops_per_token": p.flops_per_token,
+        "layout": {"world_size": dims.world_size, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
                    "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "schedule": lay.schedule,
                    "stages": dims.pp * stages_per_rank(lay.schedule), "microbatches": lay.microbatches,
                    "microbatch_seqs": lay.microbatch_seqs, "grad_accum_steps": lay.accum,
                    "seq_len": lay.seq_len, "ac": job_config.activation_checkpoint.mode},
         "hardware": dataclasses.asdict(hw) | {"peak_tflops": peak_tflops},
         "ranks": ranks,
-        "step": step_estimate(lay, ranks, peak_tflops * 1e12, flops_per_token),
+        "step": step_estimate(lay, ranks, peak_tflops * 1e12, p.flops_per_token),
     }
 
 

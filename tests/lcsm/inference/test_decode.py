@@ -6,6 +6,7 @@ from torch import nn
 from lcsm.inference.accel import native
 from lcsm.inference.accel.block_exit import CompileError
 from lcsm.inference.decode import fold_norm, new_decode_state, rms_scale
+from tests.conftest import needs_compiler
 from tests.lcsm.conftest import TINY_ARGS as ARGS
 from tests.lcsm.conftest import tiny_hyena
 
@@ -49,6 +50,7 @@ def test_logits_of_earlier_steps_are_not_overwritten(model, tokens):
     assert torch.equal(first, kept)
 
 
+@needs_compiler
 @pytest.mark.parametrize("engine,options,P,B", [("flash", {}, 3, 2), ("flash", {"native_step": False}, 1, 2),
                                                 ("lazy", {}, 11, 1), ("eager", {}, 1, 2)])
 def test_native_decode_equals_parallel_forward(model, tokens, engine, options, P, B):
@@ -61,6 +63,7 @@ def test_native_decode_equals_parallel_forward(model, tokens, engine, options, P
     torch.testing.assert_close(torch.cat(logits, 1), model(tokens[:B]), rtol=0, atol=1e-10)
 
 
+@needs_compiler
 def test_native_decode_in_float32_and_its_logits_are_fresh(tokens):
     model = tiny_hyena().float()
     state = new_decode_state(model, "flash", 2, decode="native")
@@ -69,6 +72,7 @@ def test_native_decode_in_float32_and_its_logits_are_fresh(tokens):
     torch.testing.assert_close(torch.stack(logits, 1), model(tokens), rtol=1e-4, atol=1e-4)
 
 
+@needs_compiler
 def test_native_decode_in_one_call_refuses_bad_tokens_in_one_line_and_stays_put(model, tokens):
     state = new_decode_state(model, "flash", 2, decode="native")
     assert state.c_token is not None
@@ -108,6 +112,7 @@ def compiled_states(model):
     return lambda engine, **options: new_decode_state(model, engine, 2, decode="compiled", **options)
 
 
+@needs_compiler  # AOTInductor compiles C++
 @pytest.mark.parametrize("engine,P", [("flash", 3), ("lazy", 1)])
 def test_compiled_decode_equals_parallel_forward(compiled_states, model, tokens, engine, P):
     state = compiled_states(engine)
@@ -116,6 +121,7 @@ def test_compiled_decode_equals_parallel_forward(compiled_states, model, tokens,
     torch.testing.assert_close(torch.cat(logits, 1), model(tokens), rtol=0, atol=1e-10)
 
 
+@needs_compiler
 def test_compiled_decode_is_built_once_per_shape_then_loaded(compiled_states, model, monkeypatch):
     compiled_states("lazy")  # built (or already in this session's cache)
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", lambda *a, **k: pytest.fail("compiled twice"))

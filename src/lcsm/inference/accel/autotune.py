@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from lcsm.inference import accel
+from titan.tools.agreement import locked
 from titan.tools.native import processor
 
 _CHOICES: dict[str, dict[str, str]] = {}
@@ -49,14 +50,14 @@ def choose(device: torch.device, key: str, candidates: dict[str, Callable[[], ob
     choices = _CHOICES[section]
     if key not in choices:
         choices[key] = fastest(device, candidates)
-        everything = _read_all()
-        everything[section] = {**everything.get(section, {}), **choices}
         try:
             path = cache_file()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
-            tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+            with locked(path.parent):  # a concurrent process's choices, merged meanwhile, are kept
+                everything = _read_all()
+                everything[section] = {**everything.get(section, {}), **choices}
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
+                tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
         except OSError:
             pass
     return choices[key]

@@ -16,7 +16,6 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from titan.components.checkpoint.integrity import agree, agreed
 from titan.components.checkpoint.manager import PARTIAL, TMP_DIR, agreed_steps, complete_steps
 from titan.components.checkpoint.reader import (
     MANIFEST,
@@ -27,6 +26,7 @@ from titan.components.checkpoint.reader import (
     verify,
 )
 from titan.components.checkpoint.safe_reader import load_metadata, metadata_problem
+from titan.tools.agreement import agree, agreed
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from titan.tools.cli import UserError
+from titan.tools.agreement import agree
 
 try:  # xxh3 hashes about 3x faster than crc32 (benchmarks/RESULTS.md); xxhash comes with `datasets`
     import xxhash
@@ -25,8 +24,6 @@ except ImportError:  # e.g. a GPU host without `datasets`: checkpoints it writes
     xxhash = None
 
 CHUNK = 16 << 20
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 class _Crc32:
@@ -74,30 +71,6 @@ def _group() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def agree(error: T) -> T:
-    """The first rank's error (a message or an exception), or None when every rank has none (a collective: all
-    ranks call it)."""
-    rank, world = _group()
-    if world == 1:
-        return error
-    errors: list[T] = [None] * world
-    dist.all_gather_object(errors, error)
-    return next((e for e in errors if e), None)
-
-
-def agreed(action: Callable[[], R]) -> R:
-    """Runs a rank-local action (no collectives inside) on every rank; when it raises a user-facing error or an
-    OSError on any rank, every rank raises the first rank's, so none is left waiting in a later collective."""
-    result, error = None, None
-    try:
-        result = action()
-    except (UserError, OSError) as e:
-        error = e
-    if error := agree(error):
-        raise error
-    return result
 
 
 def _merge(part: dict[str, Any]) -> dict[str, Any]:

@@ -36,14 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from titan.components.checkpoint.integrity import (
-    agree,
-    agreed,
-    describe,
-    free_bytes,
-    nonfinite_entry,
-    record_files,
-)
+from titan.components.checkpoint.integrity import describe, free_bytes, nonfinite_entry, record_files
 from titan.components.checkpoint.reader import (
     MANIFEST,
     CheckpointError,
@@ -53,6 +46,7 @@ from titan.components.checkpoint.reader import (
     read_manifest,
 )
 from titan.components.checkpoint.safe_reader import UnsafeCheckpoint, load_metadata
+from titan.tools.agreement import agree, agreed
 from titan.tools.fault import fault_point
 from titan.tools.logging import logger
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from titan.components.checkpoint.integrity import agree, agreed, describe, files_problem, nonfinite_entry
+from titan.components.checkpoint.integrity import describe, files_problem, nonfinite_entry
 from titan.components.checkpoint.safe_reader import (
     CheckpointError,
     DamagedCheckpoint,
@@ -26,6 +26,7 @@ from titan.components.checkpoint.safe_reader import (
     UnsafeCheckpoint,
     metadata_problem,
 )
+from titan.tools.agreement import agree, agreed
 
 MANIFEST = "titan.json"
 IDENTITY = ("model", "flavor", "model_args")

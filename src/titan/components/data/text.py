@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from titan.components.data.tokenizer import Tokenizer, cache_dir
+from titan.tools.agreement import built_once
 from titan.tools.cli import UserError
 
 TEXT_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
@@ -132,21 +132,20 @@ def _rank() -> int:
 
 
 def tokenized_corpus(training, tokenizer: Tokenizer, tokenizer_id: str, split: str) -> np.ndarray:
-    """One int32 stream of BOS doc EOS BOS doc EOS ..., cached on disk (rank 0 writes, others wait)."""
+    """One int32 stream of BOS doc EOS BOS doc EOS ..., cached on disk: built once per cache folder (each node's
+    own, or a TITAN_CACHE_DIR the nodes share), and a failure on any rank stops every rank in the same line."""
     key = hashlib.sha1(f"{corpus_id(training)}|{tokenizer_id}|{training.validation_fraction}|{split}".encode())
-    path = cache_dir() / f"tokens-{key.hexdigest()[:16]}.npy"
-    if _rank() == 0 and not path.is_file():
+
+    def build(tmp: Path) -> None:
         docs = split_documents(load_documents(training), training.validation_fraction, split)
         if not docs:
             raise UserError(f"no documents in the {split} split; lower training.validation_fraction")
         ids = np.fromiter(
             (t for doc in tokenizer.encode_batch(docs, bos=True, eos=True) for t in doc), dtype=np.int32
         )
-        tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
         np.save(tmp, ids)
-        os.replace(tmp, path)
-    if dist.is_initialized():
-        dist.barrier()
+
+    path = built_once(cache_dir, f"tokens-{key.hexdigest()[:16]}.npy", build)
     return np.load(path, mmap_mode="r", allow_pickle=False)
 
 

@@ -10,8 +10,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch.distributed as dist
-
+from titan.tools.agreement import built_once
 from titan.tools.cli import UserError
 
 # Meta's Llama 3 pre-tokenizer split pattern.
@@ -129,9 +128,7 @@ class BPETokenizer(Tokenizer):
             show_progress=False,
         )
         tok.train_from_iterator(texts, trainer=trainer)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tok.save(str(tmp))
-        os.replace(tmp, path)
+        tok.save(str(path))
 
 
 def _special_token(config: dict, key: str) -> str | None:
@@ -175,12 +172,9 @@ def cache_dir() -> Path:
 
 
 def corpus_bpe_tokenizer(texts_fn, corpus_id: str, vocab_size: int) -> BPETokenizer:
-    """Loads the BPE trained on this corpus from the cache, training it first (on rank 0 only) if needed."""
+    """Loads the BPE trained on this corpus from the cache, training it first (once per cache folder: each node's
+    own, or a shared TITAN_CACHE_DIR) if needed; a failure on any rank stops every rank in the same line."""
     key = hashlib.sha1(f"{corpus_id}|{vocab_size}".encode()).hexdigest()[:16]
-    path = cache_dir() / f"bpe-{vocab_size}-{key}.json"
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0 and not path.is_file():
-        BPETokenizer.train(texts_fn(), vocab_size, path)
-    if dist.is_initialized():
-        dist.barrier()
+    path = built_once(cache_dir, f"bpe-{vocab_size}-{key}.json",
+                      lambda tmp: BPETokenizer.train(texts_fn(), vocab_size, tmp))
     return BPETokenizer(path)

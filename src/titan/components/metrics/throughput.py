@@ -14,6 +14,7 @@ from time import perf_counter
 import torch
 
 from titan.components.data.tokenizer import cache_dir
+from titan.tools.agreement import locked
 
 # Dense bf16/fp16 peak TFLOP/s (no sparsity) by device-name fragment, most specific first.
 GPU_PEAK_BF16_TFLOPS = [
@@ -97,18 +98,18 @@ def cpu_peak_key(dtype: torch.dtype = torch.bfloat16) -> str:
 @functools.cache
 def _best_cpu_peak_tflops(key: str, dtype: torch.dtype) -> float:
     path = cache_dir() / "cpu_peak_tflops.json"
-    table = {}
-    if path.is_file():
+    measured = max(measure_matmul_peak_tflops(dtype=dtype).values())
+    with locked(path.parent):  # ranks of one job, and jobs sharing the folder, merge their figures in turn
         try:
-            table = json.loads(path.read_text())
+            table = json.loads(path.read_text()) if path.is_file() else {}
         except ValueError:
             table = {}
-    measured = max(measure_matmul_peak_tflops(dtype=dtype).values())
-    if measured > table.get(key, 0.0):
-        table[key] = measured
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # ranks of one job may write at once
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+        table = table if isinstance(table, dict) else {}
+        if measured > table.get(key, 0.0):
+            table[key] = measured
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)
     return float(table[key])
 
 

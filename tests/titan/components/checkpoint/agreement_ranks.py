@@ -5,7 +5,6 @@ folder differently (SCENARIO), resumes, and writes what it loaded (or the error 
 """
 
 import datetime
-import json
 import logging
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tests.launch import report_rank
 from tests.titan.components.checkpoint.test_integrity import manager
 from tests.titan.components.checkpoint.test_manager import trained_linear
 from titan.components.checkpoint import CheckpointError, integrity
@@ -69,9 +69,7 @@ def main(folder: Path, scenario: str, out: Path) -> None:
         result.update(step=state["step"], weight=float(model.weight[0, 0]))
     except CheckpointError as e:
         result["error"] = str(e)
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    report_rank(out, result)
 
 
 if __name__ == "__main__":
