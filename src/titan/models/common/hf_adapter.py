@@ -8,10 +8,12 @@ moves to rows (i, i + head_dim/2). A family that rotates halves (Qwen3) maps nam
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from titan.hf import max_position_embeddings, rope_fields, rope_parameters
 from titan.models.common.decoder import DecoderArgs
 from titan.tools.cli import UserError
 
@@ -111,6 +113,63 @@ def check_fixed(cfg: dict[str, Any], fixed: dict[str, Any], source: str, family:
     for key, value in fixed.items():
         if cfg.get(key, value) != value:
             raise UserError(f"{source}: {key} = {cfg[key]!r} is not supported (titan's {family} has {value!r})")
+
+
+@dataclass(frozen=True)
+class HFDecoderConfig:
+    """How a dense decoder family's args read and write a transformers config.json."""
+
+    model_type: str
+    family: str
+    """The family's name in messages, e.g. Llama."""
+    architecture: str
+    fixed: dict[str, Any]
+    """config.json fields with only one value in this family: any other value is refused, not computed otherwise."""
+    default_context: int
+    """max_position_embeddings when config.json has none (transformers' default for the family)."""
+    own_head_dim: bool
+    """head_dim is a field of its own (Qwen3), not hidden_size / num_attention_heads (Llama)."""
+
+
+def decoder_args_from_hf(cfg: dict[str, Any], hf: HFDecoderConfig, args_cls: type, source: str):
+    """`args_cls` for a transformers config dict of the family `hf`; refuses what the model cannot compute."""
+    if cfg.get("model_type", hf.model_type) != hf.model_type:
+        raise UserError(f"{source}: model_type {cfg.get('model_type')!r} is not a {hf.family}")
+    check_fixed(cfg, hf.fixed, source, hf.family)
+    try:
+        dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        if hf.own_head_dim:
+            head = {"head_dim": int(cfg.get("head_dim", 128))}
+        elif cfg.get("head_dim") not in (None, dim // heads):
+            raise UserError(f"{source}: head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads "
+                            f"({dim // heads}), which titan's {hf.family} needs")
+        else:
+            head = {}
+        fields = dict(
+            dim=dim, n_layers=int(cfg["num_hidden_layers"]), n_heads=heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or heads), **head, vocab_size=int(cfg["vocab_size"]),
+            hidden_dim=int(cfg["intermediate_size"]), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_context_len=int(cfg.get("max_position_embeddings", hf.default_context)), **rope_fields(cfg, source),
+        )
+    except KeyError as e:
+        raise UserError(f"{source} lacks {e.args[0]}; is it a {hf.family} config?") from None
+    try:
+        return args_cls(**fields)
+    except ValueError as e:
+        raise UserError(f"{source}: {e}") from None
+
+
+def decoder_hf_config(args: DecoderArgs, dtype: str, hf: HFDecoderConfig) -> dict[str, Any]:
+    """A transformers config dict of the family `hf` for these args, declaring the dtype the tensors are saved in."""
+    return {
+        "architectures": [hf.architecture], "model_type": hf.model_type, "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim, "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads or args.n_heads,
+        "head_dim": args.head_dim, "vocab_size": args.vocab_size, "rms_norm_eps": args.norm_eps,
+        "rope_parameters": rope_parameters(args), "max_position_embeddings": max_position_embeddings(args),
+        **hf.fixed, "tie_word_embeddings": args.tie_embeddings, "dtype": dtype,
+    }
 
 
 # Routed experts: titan holds one [E, out, in] tensor per projection, Hugging Face checkpoints one tensor per expert
