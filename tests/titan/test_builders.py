@@ -15,6 +15,7 @@ from titan.builders import (
     build_model_parts,
     check_layout,
     check_outputs_are_ours,
+    check_supported,
     full_initial_state_dict,
     resolve_model_args,
     split_for_pipeline,
@@ -143,3 +144,14 @@ def test_a_run_that_resumes_or_writes_no_metrics_is_not_checked(tmp_path):
     with pytest.raises(UserError, match="holds another run's metrics.jsonl and tb"):
         check_outputs_are_ours(parse_args([*TINY, "--job.dump_folder", str(tmp_path)]))
     assert (tmp_path / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+def test_validation_under_a_v_shaped_pipeline_schedule_is_refused_in_one_line(schedule):
+    # torch's V-shaped schedules assert in eval(); the debug config turns validation on by default.
+    cfg = parse_args(["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule",
+                      schedule, "--validation.enable", "true"])
+    with pytest.raises(UserError, match=f"validation with pipeline_parallel_schedule {schedule}.*"
+                                        "--validation.enable false") as e:
+        check_supported(ParallelDims.from_config(cfg.parallelism, 2), cfg)
+    assert "\n" not in str(e.value)
