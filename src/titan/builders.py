@@ -166,7 +166,7 @@ def check_supported(pd: ParallelDims, cfg: JobConfig) -> None:
     if pd.pp_enabled:
         check_schedule_supported(cfg.parallelism.pipeline_parallel_schedule, torch.device(device_type()))
         if cfg.validation.enable and cfg.parallelism.pipeline_parallel_schedule in ("ZBVZeroBubble", "DualPipeV"):
-            # torch 2.14's V-schedules fail forward-only: eval() asserts "can't steal_bwd_input".
+            # torch 2.14's V-schedules fail forward-only: their schedule.eval asserts "can't steal_bwd_input".
             raise UserError(f"validation with pipeline_parallel_schedule {cfg.parallelism.pipeline_parallel_schedule}"
                             ": torch's V-shaped schedules cannot run forward-only; pass --validation.enable false "
                             "or choose another schedule (e.g. Interleaved1F1B)")

@@ -3,8 +3,8 @@
 A checkpoint folder may come from anywhere, and whoever wrote it also wrote its manifest's checksums, so nothing
 in it is trusted. DCP keeps two pickles that its own reader would unpickle freely:
 - the `.metadata`: read here by an unpickler that rebuilds DCP's metadata records, `torch.Size`, dtypes, layouts
-  and paths, and refuses every other global (among them `torch.storage._load_from_bytes`, which is
-  `torch.load(weights_only=False)`);
+  and paths, and refuses every other global (among them torch.storage's load-from-bytes helper, which would
+  unpickle anything);
 - bytes entries (values that are not tensors, e.g. an optimizer's learning rate): `SafeLoadPlanner` unpickles them
   with `torch.load(weights_only=True)`, and refuses a bytes entry where the state being loaded holds a tensor,
   since a checkpoint can declare any key as bytes.
