@@ -87,8 +87,24 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: DecoderArgs) -> dict[str, t
 
 def from_hf(hf_state_dict: dict[str, torch.Tensor], args: DecoderArgs) -> dict[str, torch.Tensor]:
     kv_heads = args.n_kv_heads or args.n_heads
-    root = {v: k for k, v in _ROOT_NAMES.items()}
-    layer = {v: k for k, v in _LAYER_NAMES.items()}
+
+    def convert(name: str, value: torch.Tensor) -> torch.Tensor:
+        if args.rope_interleaved and name == "attention.wq.weight":
+            value = _to_interleaved(value, args.n_heads)
+        elif args.rope_interleaved and name == "attention.wk.weight":
+            value = _to_interleaved(value, kv_heads)
+        return value.contiguous()
+
+    return rename_from_hf(hf_state_dict, _ROOT_NAMES, _LAYER_NAMES, type(args).__name__, convert)
+
+
+def rename_from_hf(hf_state_dict: dict[str, torch.Tensor], root_names: dict[str, str], layer_names: dict[str, str],
+                   family: str, convert) -> dict[str, torch.Tensor]:
+    """titan's state dict from a Hugging Face one through name tables (titan name -> HF name, at the root and inside
+    each `model.layers.<i>.`); `convert(name, value)` rewrites a layer tensor (e.g. its RoPE row order). A name with
+    no counterpart is one error line; a cached `rotary_emb.inv_freq` is skipped."""
+    root = {v: k for k, v in root_names.items()}
+    layer = {v: k for k, v in layer_names.items()}
     sd = {}
     for key, value in hf_state_dict.items():
         if key in root:
@@ -98,13 +114,9 @@ def from_hf(hf_state_dict: dict[str, torch.Tensor], args: DecoderArgs) -> dict[s
         if not m or m.group(2) not in layer:
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a cached buffer some exports carry
-            raise UserError(f"unknown Hugging Face parameter {key} (no counterpart in {type(args).__name__})")
+            raise UserError(f"unknown Hugging Face parameter {key} (no counterpart in {family})")
         name = layer[m.group(2)]
-        if args.rope_interleaved and name == "attention.wq.weight":
-            value = _to_interleaved(value, args.n_heads)
-        elif args.rope_interleaved and name == "attention.wk.weight":
-            value = _to_interleaved(value, kv_heads)
-        sd[f"layers.{m.group(1)}.{name}"] = value.contiguous()
+        sd[f"layers.{m.group(1)}.{name}"] = convert(name, value)
     return sd
 
 

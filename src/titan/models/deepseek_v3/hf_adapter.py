@@ -14,7 +14,13 @@ from typing import Any
 
 import torch
 
-from titan.models.common.hf_adapter import EXPERT_PROJECTIONS, check_fixed, experts_to_hf, stack_experts
+from titan.models.common.hf_adapter import (
+    EXPERT_PROJECTIONS,
+    check_fixed,
+    experts_to_hf,
+    rename_from_hf,
+    stack_experts,
+)
 from titan.models.deepseek_v3.model import ModelArgs
 from titan.tools.cli import UserError
 
@@ -41,7 +47,6 @@ _LAYER_NAMES = {
 _ROOT_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                "output.weight": "lm_head.weight"}
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # ModelArgs field -> (config.json name, model.* key that sets it), for the one-line mismatch messages.
 FIELDS = {name: (hf, f"model.{name}") for name, hf in (
     ("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_dense_layers", "first_k_dense_replace"),
@@ -96,25 +101,14 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
 
 
 def from_hf(hf_state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    root = {v: k for k, v in _ROOT_NAMES.items()}
-    layer = {v: k for k, v in _LAYER_NAMES.items()}
-    layer |= {f"mlp.experts.{k}": f"moe.experts.{k}" for k in EXPERT_PROJECTIONS}
-    sd = {}
-    for key, value in stack_experts(hf_state_dict, args.n_routed_experts).items():
-        if key in root:
-            sd[root[key]] = value
-            continue
-        m = _HF_LAYER_KEY.match(key)
-        if not m or m.group(2) not in layer:
-            if key.endswith("rotary_emb.inv_freq"):
-                continue  # a cached buffer some exports carry
-            raise UserError(f"unknown Hugging Face DeepSeek-V3 parameter {key}")
-        name = layer[m.group(2)]
+    layer_names = _LAYER_NAMES | {f"moe.experts.{k}": f"mlp.experts.{k}" for k in EXPERT_PROJECTIONS}
+
+    def convert(name: str, value: torch.Tensor) -> torch.Tensor:
         rows = _rope_rows(args, name)
-        if rows and not args.rope_interleave:
-            value = _interleave(value, rows)
-        sd[f"layers.{m.group(1)}.{name}"] = value
-    return sd
+        return _interleave(value, rows) if rows and not args.rope_interleave else value
+
+    return rename_from_hf(stack_experts(hf_state_dict, args.n_routed_experts), _ROOT_NAMES, layer_names,
+                          "DeepSeek-V3", convert)
 
 
 def _rope_args(cfg: dict[str, Any]) -> dict[str, Any]:
