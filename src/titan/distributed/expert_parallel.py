@@ -9,10 +9,14 @@ The experts' weights become DTensors sharded on the expert dim (Shard(0)), so op
 DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
 hooks around each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
 output in the same order do not change. The router and shared experts stay replicated; their gradients are
-summed over the ranks by data parallel, as for any replicated weight.
+summed over the ranks by data parallel, as for any replicated weight. Under tensor parallel the expert group is the
+ranks of one TP rank (each TP rank dispatches its own sequence shard), and apply_moe_data_parallel makes each MoE
+layer's gradients account for the other TP ranks' tokens.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -27,6 +31,11 @@ from titan.distributed.data_parallel import reshard_after_forward
 from titan.models.common.moe import MoE
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
+
+# A MoE layer returns its output reshaped to its input's shape, a view, which FSDP warns about at every step when
+# the layer is its own unit (under tensor parallel); the blocks add it to the residual out of place, so no in-place
+# op can skip FSDP's pre-backward hook.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
 
 
 class _Dispatch:

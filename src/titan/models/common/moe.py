@@ -238,9 +238,10 @@ class MoE(nn.Module):
 @torch.no_grad()
 def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
     """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that see other
-    tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen
-    (tokens per expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d
-    tensors on the device, read by the host only when it logs. Nothing when the model has no MoE layer."""
+    tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves
+    DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen (tokens per
+    expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d tensors on the
+    device, read by the host only when it logs. Nothing when the model has no MoE layer."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not layers:
         return {}

@@ -33,7 +33,9 @@ class Layout:
 
 LAYOUTS = [Layout("tp2-qwen3-moe", "qwen3_moe", 2), Layout("tp2-deepseek-v3", "deepseek_v3", 2),
            Layout("tp2-deepseek-v3-q-lora", "deepseek_v3_q_lora", 2),
-           Layout("ep2-tp2-deepseek-v3", "deepseek_v3", 4, ep=2), Layout("fsdp2-tp2-qwen3-moe", "qwen3_moe", 4)]
+           Layout("ep2-tp2-deepseek-v3", "deepseek_v3", 4, ep=2), Layout("fsdp2-tp2-qwen3-moe", "qwen3_moe", 4),
+           # The experts' own FSDP unit (data-parallel ranks outside the expert group) averages them over TP.
+           Layout("ep2-fsdp2-tp2-deepseek-v3", "deepseek_v3", 8, ep=2)]
 
 
 def _model(family: str):
@@ -125,7 +127,8 @@ def launches(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=[layout.name for layout in LAYOUTS])
+@pytest.mark.parametrize("layout", [pytest.param(layout, id=layout.name, marks=[pytest.mark.slow] * (layout.world > 4))
+                                    for layout in LAYOUTS])
 def test_tensor_parallel_training_equals_one_process(launches, layout):
     result = launches(layout.world)[layout.name]
     for (loss, norm), (want_loss, want_norm) in zip(result["got"], result["reference"], strict=True):
@@ -135,6 +138,21 @@ def test_tensor_parallel_training_equals_one_process(launches, layout):
     torch.testing.assert_close(result["got_bias"], result["reference_bias"], rtol=0, atol=1e-6)
     if layout.family.startswith("deepseek_v3"):
         assert result["got_bias"].abs().sum() > 0  # the auxiliary-loss-free update ran
+
+
+@pytest.mark.parametrize("family, tp, message", [
+    ("deepseek_v3", 3, "tensor_parallel_degree 3 must divide n_heads 8$"),
+    ("qwen3_moe", 8, "tensor_parallel_degree 8 must divide n_heads 8 and n_kv_heads 4$")])
+def test_a_tp_degree_that_does_not_divide_the_heads_is_one_error_line(family, tp, message):
+    from titan.config import parse_args
+    from titan.distributed import ParallelDims
+    from titan.models import get_model_spec
+    from titan.tools.cli import UserError
+
+    spec = get_model_spec(family)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=tp, pp=1, world_size=tp)
+    with pytest.raises(UserError, match=message):
+        spec.check_layout(spec.flavors["debug"], dims, parse_args([]))
 
 
 if __name__ == "__main__":
