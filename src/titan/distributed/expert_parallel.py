@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.data_parallel import reshard_after_forward
@@ -112,8 +112,8 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     tokens, so the layer's gradients are scaled by the TP degree and averaged over the TP ranks too. Each layer
     becomes an FSDP unit over the data-parallel and TP ranks (dp_shard_cp_tp); experts sharded by expert parallel
     are averaged over TP after their own reduction (their expert group is one TP rank's). Returns the experts'
-    parameters no FSDP unit holds (no data-parallel ranks outside the expert group), which the model's FSDP must
-    leave alone."""
+    parameters no FSDP unit holds (without TP, no data-parallel ranks outside the expert group), which the model's
+    FSDP must leave alone."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not layers or not (parallel_dims.ep_enabled or parallel_dims.tp_enabled):
         return set()
@@ -136,8 +136,7 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
             alone |= set(moe.experts.parameters())
         if layer_mesh is not None:
             _average_over_tp(moe, parallel_dims)
-            fully_shard(moe, mesh=layer_mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
-                        ignored_params=alone)
+            fully_shard(moe, mesh=layer_mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     units = [(k, m) for k, m in (("experts", experts_mesh), ("MoE layers", layer_mesh)) if m is not None]
     logger.info(f"MoE under expert parallel {parallel_dims.ep} and tensor parallel {parallel_dims.tp}: "
                 + (", ".join(f"{k} FSDP over {dict(zip(m.mesh_dim_names, m.shape))}" for k, m in units)
@@ -147,29 +146,19 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
 
 def _average_over_tp(moe: MoE, parallel_dims) -> None:
     """Scales the layer's gradients by the TP degree (the gradient back to its input unscaled); FSDP over a mesh
-    with the TP ranks then averages them, and expert-parallel experts, whose mesh cannot hold the TP ranks, are
-    averaged over TP here: after their FSDP reduction, or, without one, as each gradient arrives."""
+    with the TP ranks then averages them. Expert-parallel experts, whose mesh cannot hold the TP ranks (FSDP's mesh
+    must come before the ep dims), are averaged over TP after their own FSDP unit's reduction (ParallelDims keeps
+    its dp_shard_mod_ep dim even of one rank for that)."""
     tp, group = parallel_dims.tp, parallel_dims.world_mesh["tp"].get_group()
     moe.register_forward_pre_hook(lambda _, args: (_ScaleGrad.apply(args[0], 1.0 / tp), *args[1:]))
     moe.register_forward_hook(lambda _, args, out: _ScaleGrad.apply(out, float(tp)))
-    if not parallel_dims.ep_enabled:
-        return
 
     def average(grad: torch.Tensor) -> None:
         dist.all_reduce(grad, group=group)  # gloo has no average
         grad.div_(tp)
 
-    if isinstance(moe.experts, FSDPModule):
+    if parallel_dims.ep_enabled:
         moe.experts.set_all_reduce_hook(average)
-        return
-
-    def averaged(grad: DTensor) -> DTensor:
-        local = grad.to_local().clone()
-        average(local)
-        return DTensor.from_local(local, grad.device_mesh, grad.placements, shape=grad.shape, stride=grad.stride())
-
-    for param in moe.experts.parameters():
-        param.register_hook(averaged)
 
 
 def _fsdp_mesh(parallel_dims, view: str) -> DeviceMesh | None:
