@@ -79,7 +79,7 @@ class MLA(nn.Module):
         B, T, _ = x_BTD.shape
         a = self.args
         q = self.wq_b(self.q_norm(self.wq_a(x_BTD))) if a.q_lora_rank else self.wq(x_BTD)
-        # -1 heads: under tensor parallel each rank holds only its share.
+        # -1 heads: as many as the projection gives (under tensor parallel a DTensor of all heads, split by rank).
         q_nope, q_rope = q.view(B, T, -1, a.qk_head_dim).split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
         kv, k_rope = self.wkv_a(x_BTD).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
         k_nope, v = self.wkv_b(self.kv_norm(kv)).view(B, T, -1, a.qk_nope_head_dim + a.v_head_dim).split(
