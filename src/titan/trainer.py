@@ -170,7 +170,8 @@ class Trainer:
         if self.config.float8.enable_fsdp_float8_all_gather:
             for part in self.model_parts:
                 precompute_float8_scales(part)
-        dp = self.parallel_dims.submesh("dp_cp")  # MoE: token counts summed over it, balancing biases moved
+        # MoE: token counts summed over the ranks that see other tokens (each TP rank its sequence shard).
+        dp = self.parallel_dims.submesh("dp_cp_tp" if self.parallel_dims.tp_enabled else "dp_cp")
         moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None)
         device_values = torch.cat([moe_values.to(self.device), reduced.double(), grad_norm.reshape(1).double(),
                                    self.nonfinite.state.double()])

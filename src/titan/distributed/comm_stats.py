@@ -92,7 +92,8 @@ def group_labels(parallel_dims) -> dict[tuple[int, ...], str]:
     ranks and dim names, e.g. two Trainers in one process) can share cached groups. The first name wins when
     several dims span the same ranks (plain dims before flattened ones)."""
     labels: dict[tuple[int, ...], str] = {}
-    for name in ("tp", "cp", "pp", "dp_replicate", "dp_shard", "dp_shard_cp", "dp", "dp_cp"):
+    for name in ("tp", "cp", "pp", "dp_replicate", "dp_shard", "dp_shard_cp", "dp", "dp_cp", "ep",
+                 "dp_shard_cp_tp", "dp_cp_tp"):
         mesh = parallel_dims.submesh(name)
         if mesh is not None and mesh.ndim == 1:
             labels.setdefault(tuple(dist.get_process_group_ranks(mesh.get_group())), name)

@@ -9,10 +9,14 @@ The experts' weights become DTensors sharded on the expert dim (Shard(0)), so op
 DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
 hooks around each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
 output in the same order do not change. The router and shared experts stay replicated; their gradients are
-summed over the ranks by data parallel, as for any replicated weight.
+summed over the ranks by data parallel, as for any replicated weight. Under tensor parallel the expert group is the
+ranks of one TP rank (each TP rank dispatches its own sequence shard), and apply_moe_data_parallel makes each MoE
+layer's gradients account for the other TP ranks' tokens.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -27,6 +31,11 @@ from titan.distributed.data_parallel import reshard_after_forward
 from titan.models.common.moe import MoE
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
+
+# A MoE layer returns its output reshaped to its input's shape, a view, which FSDP warns about at every step when
+# the layer is its own unit (under tensor parallel); the blocks add it to the residual out of place, so no in-place
+# op can skip FSDP's pre-backward hook.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
 
 
 class _Dispatch:
@@ -96,22 +105,66 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
 def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[nn.Parameter]:
     """Expert parallel over parallel_dims' ep mesh, then FSDP of each MoE layer's experts over the data-parallel
     ranks outside the expert group (dp_shard_mod_ep, and dp_replicate as HSDP), as their own units, which average
-    the experts' gradients over those ranks as FSDP does every other gradient. Returns the experts' parameters no
-    FSDP unit holds (no such ranks), which the model's FSDP must leave alone."""
+    the experts' gradients over those ranks as FSDP does every other gradient.
+
+    Under tensor parallel each TP rank's MoE layers route only that rank's sequence shard (the decoder's TP plan):
+    a TP rank is then to a MoE layer what a data-parallel rank is, but its loss is the mean over all TP ranks'
+    tokens, so the layer's gradients are scaled by the TP degree and averaged over the TP ranks too. Each layer
+    becomes an FSDP unit over the data-parallel and TP ranks (dp_shard_cp_tp); experts sharded by expert parallel
+    are averaged over TP after their own reduction (their expert group is one TP rank's). Returns the experts'
+    parameters no FSDP unit holds (without TP, no data-parallel ranks outside the expert group), which the model's
+    FSDP must leave alone."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not layers or not parallel_dims.ep_enabled:
+    if not layers or not (parallel_dims.ep_enabled or parallel_dims.tp_enabled):
         return set()
-    apply_expert_parallel(model, parallel_dims.submesh("ep"))
-    names = [n for n in ("dp_replicate", "dp_shard_mod_ep") if n in parallel_dims.world_mesh.mesh_dim_names]
-    if not names:
-        logger.info(f"expert parallel {parallel_dims.ep}: experts sharded over the expert group only")
-        return {p for moe in layers for p in moe.experts.parameters()}
+    if parallel_dims.ep_enabled:
+        apply_expert_parallel(model, parallel_dims.submesh("ep"))
+    experts_mesh = _fsdp_mesh(parallel_dims, "dp_shard_mod_ep") if parallel_dims.ep_enabled else None
+    layer_mesh = _fsdp_mesh(parallel_dims, "dp_shard_cp_tp") if parallel_dims.tp_enabled else None
     training = job_config.training
+    # Without FSDP elsewhere the forward autocasts (titan.distributed.utils.autocast_context): no casts here.
+    sharded = parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled
     mp_policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.mixed_precision_param],
-                                     reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce])
-    mesh = parallel_dims.world_mesh[tuple(names)]
+                                     reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce]) if sharded \
+        else MixedPrecisionPolicy()
+    reshard = reshard_after_forward(parallel_dims, job_config)
+    alone = set()
     for moe in layers:
-        fully_shard(moe.experts, mesh=mesh, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward(parallel_dims, job_config))
-    logger.info(f"expert parallel {parallel_dims.ep}: experts FSDP over {dict(zip(names, mesh.shape))}")
-    return set()
+        if experts_mesh is not None:
+            fully_shard(moe.experts, mesh=experts_mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+        elif parallel_dims.ep_enabled:
+            alone |= set(moe.experts.parameters())
+        if layer_mesh is not None:
+            _average_over_tp(moe, parallel_dims)
+            fully_shard(moe, mesh=layer_mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    units = [(k, m) for k, m in (("experts", experts_mesh), ("MoE layers", layer_mesh)) if m is not None]
+    logger.info(f"MoE under expert parallel {parallel_dims.ep} and tensor parallel {parallel_dims.tp}: "
+                + (", ".join(f"{k} FSDP over {dict(zip(m.mesh_dim_names, m.shape))}" for k, m in units)
+                   or "experts sharded over the expert group only"))
+    return alone
+
+
+def _average_over_tp(moe: MoE, parallel_dims) -> None:
+    """Scales the layer's gradients by the TP degree (the gradient back to its input unscaled); FSDP over a mesh
+    with the TP ranks then averages them. Expert-parallel experts, whose mesh cannot hold the TP ranks (FSDP's mesh
+    must come before the ep dims), are averaged over TP after their own FSDP unit's reduction (ParallelDims keeps
+    its dp_shard_mod_ep dim even of one rank for that)."""
+    tp, group = parallel_dims.tp, parallel_dims.world_mesh["tp"].get_group()
+    moe.register_forward_pre_hook(lambda _, args: (_ScaleGrad.apply(args[0], 1.0 / tp), *args[1:]))
+    moe.register_forward_hook(lambda _, args, out: _ScaleGrad.apply(out, float(tp)))
+
+    def average(grad: torch.Tensor) -> None:
+        dist.all_reduce(grad, group=group)  # gloo has no average
+        grad.div_(tp)
+
+    if parallel_dims.ep_enabled:
+        moe.experts.set_all_reduce_hook(average)
+
+
+def _fsdp_mesh(parallel_dims, view: str) -> DeviceMesh | None:
+    """The mesh FSDP shards over: the ranks of `view` (a mesh dim or a flattened view), as HSDP with dp_replicate;
+    None when neither has more than one rank."""
+    shard = parallel_dims.submesh(view)
+    if shard is None or not parallel_dims.dp_replicate_enabled:
+        return shard if shard is not None else parallel_dims.submesh("dp_replicate")
+    return parallel_dims.world_mesh[("dp_replicate", shard.mesh_dim_names[0])]

@@ -68,10 +68,14 @@ class ParallelDims:
         )
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp and, with expert
-        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep."""
+        """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp; with expert
+        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep; with tensor parallel,
+        for mixtures of experts that see each TP rank's own tokens, dp_shard_cp_tp and dp_cp_tp. Dims of one rank are
+        left out, but for dp_shard_mod_ep under expert x tensor parallel: the experts' FSDP unit over it is what
+        averages their gradients over TP (titan.distributed.expert_parallel)."""
         dims = [(n, d) for n, d in (("pp", self.pp), ("dp_replicate", self.dp_replicate), *self._shard_dims(),
-                                    ("cp", self.cp), ("tp", self.tp)) if d > 1]
+                                    ("cp", self.cp), ("tp", self.tp))
+                if d > 1 or n == "dp_shard_mod_ep" and self.tp > 1]
         if not dims:
             return None
         names = tuple(n for n, _ in dims)
@@ -97,6 +101,8 @@ class ParallelDims:
                   "dp_cp": ("dp_replicate", *shard, "cp")}
         if self.ep > 1:
             views["ep"] = ("dp_shard_in_ep", "cp")
+        if self.tp > 1:
+            views |= {"dp_shard_cp_tp": (*shard, "cp", "tp"), "dp_cp_tp": ("dp_replicate", *shard, "cp", "tp")}
         return views
 
     @property

@@ -2,13 +2,15 @@
 by titan.builders), stated here and nowhere else:
 
 1. float8: eligible nn.Linear become Float8Linear (titan.quantization.float8), so TP and FSDP shard those;
-2. tensor + sequence parallel: the family's plan (then async TP, a compiler pass, when asked for);
+2. tensor + sequence parallel: the family's plan, in which a mixture of experts runs on the rank's own sequence
+   shard (then async TP, a compiler pass, when asked for);
 3. activation checkpointing of each block;
 4. torch.compile of each block;
 5. float8 all-gather of the FSDP-sharded weights, when asked for;
 6. expert parallel (models with experts): experts sharded over the ep mesh, each MoE layer's experts their own FSDP
-   units over the data-parallel ranks outside the expert group;
-7. FSDP/HSDP (data parallel), outermost, so it shards what the steps above produced (and leaves the experts to 6).
+   units over the data-parallel ranks outside the expert group; under tensor parallel each MoE layer is an FSDP unit
+   over the data-parallel and TP ranks, which sums its gradients over the TP ranks' tokens;
+7. FSDP/HSDP (data parallel), outermost, so it shards what the steps above produced (and leaves the MoE to 6).
 
 Context parallel is no module transform: the forward path (titan.components.forward) shards the sequence and the
 model's `context_parallel_buffers` around each step.

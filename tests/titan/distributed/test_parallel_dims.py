@@ -85,3 +85,21 @@ def test_expert_parallel_meshes_borrow_data_parallel_ranks(fake_world, kwargs, g
     assert pd.ep_enabled and pd.dp_degree == kwargs.get("dp_replicate", 1) * kwargs["dp_shard"]
     for name, ranks in groups.items():
         assert _ranks(pd.submesh(name)) == ranks, name
+
+
+@pytest.mark.parametrize(
+    "kwargs, groups",
+    [  # A MoE layer under TP 2 x FSDP 2: its FSDP unit spans the data-parallel and TP ranks, as do its token counts.
+        ({"dp_shard": 2, "tp": 2}, {"dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": [0, 1, 2, 3], "dp_shard": [0, 2]}),
+        # EP 2 x TP 2 with HSDP replicas: the experts' FSDP dim is kept though it has one rank.
+        ({"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2},
+         {"ep": [0, 2], "dp_shard_mod_ep": [0], "dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": list(range(8))}),
+    ],
+)
+def test_tensor_parallel_views_for_mixtures_of_experts(fake_world, kwargs, groups):
+    world = kwargs.get("dp_replicate", 1) * kwargs["dp_shard"] * kwargs["tp"]
+    fake_world(world)
+    pd = ParallelDims(**{"dp_replicate": 1, "cp": 1, "pp": 1, "world_size": world, **kwargs})
+    pd.build_mesh("cpu")
+    for name, ranks in groups.items():
+        assert _ranks(pd.submesh(name)) == ranks, name

@@ -43,6 +43,19 @@ class MLAArgs:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+class CausalAttention(nn.Module):
+    """Causal SDPA over (B, heads, T, head_dim) with a given scale, a module of its own so that tensor parallel
+    can hand it each rank's heads as plain tensors (DTensor has no rule for the CPU attention kernel) while the
+    projections around it stay DTensors."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+
+
 class MLA(nn.Module):
     def __init__(self, dim: int, args: MLAArgs, yarn: YaRN):
         super().__init__()
@@ -59,14 +72,14 @@ class MLA(nn.Module):
         self.wkv_b = nn.Linear(args.kv_lora_rank, args.n_heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
         self.wo = nn.Linear(args.n_heads * args.v_head_dim, dim, bias=False)
         # YaRN sharpens the softmax by mscale(factor, mscale_all_dim)^2 (1 for plain RoPE).
-        self.softmax_scale = qk**-0.5 * yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2 if yarn.mscale_all_dim \
-            else qk**-0.5
+        self.inner_attention = CausalAttention(
+            qk**-0.5 * yarn_mscale(yarn.factor, yarn.mscale_all_dim) ** 2 if yarn.mscale_all_dim else qk**-0.5)
 
     def forward(self, x_BTD: torch.Tensor, rope_TH2: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         a = self.args
         q = self.wq_b(self.q_norm(self.wq_a(x_BTD))) if a.q_lora_rank else self.wq(x_BTD)
-        # -1 heads: under tensor parallel each rank holds only its share.
+        # -1 heads: as many as the projection gives (under tensor parallel a DTensor of all heads, split by rank).
         q_nope, q_rope = q.view(B, T, -1, a.qk_head_dim).split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
         kv, k_rope = self.wkv_a(x_BTD).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
         k_nope, v = self.wkv_b(self.kv_norm(kv)).view(B, T, -1, a.qk_nope_head_dim + a.v_head_dim).split(
@@ -74,8 +87,7 @@ class MLA(nn.Module):
         k_rope = apply_rotary(k_rope.view(B, T, 1, a.qk_rope_head_dim), rope_TH2, interleaved=True)
         q = torch.cat((q_nope, apply_rotary(q_rope, rope_TH2, interleaved=True)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, scale=self.softmax_scale)
+        out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, init_std: float) -> None:

@@ -45,7 +45,9 @@ class MoEArgs:
     """DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's selection bias moves
     by this much towards balance (up when under-loaded). 0 keeps the bias as loaded."""
     aux_loss_coef: float = 0.0
-    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef), added to each layer's gradient in training."""
+    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef), added to each layer's gradient in training. It is
+    computed over the tokens a rank routes, its data-parallel batch and under tensor parallel its sequence shard,
+    and so averaged over those shards, not taken over the global batch."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -235,10 +237,11 @@ class MoE(nn.Module):
 
 @torch.no_grad()
 def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
-    """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that split the
-    batch), moves DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen
-    (tokens per expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d
-    tensors on the device, read by the host only when it logs. Nothing when the model has no MoE layer."""
+    """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that see other
+    tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves
+    DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen (tokens per
+    expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d tensors on the
+    device, read by the host only when it logs. Nothing when the model has no MoE layer."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not layers:
         return {}
