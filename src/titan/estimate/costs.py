@@ -111,10 +111,10 @@ class Collectives:
 
     def __init__(self, hw: Hardware, dims):
         self.hw, self.dims, self.rows = hw, dims, []
-        # Expert parallel splits dp_shard into dp_shard_mod_ep x dp_shard_in_ep (1 x dp_shard without it).
-        sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate,
-                 "dp_shard_mod_ep": dims.dp_shard * dims.cp // dims.ep, "dp_shard_in_ep": dims.ep // dims.cp,
-                 "cp": dims.cp, "tp": dims.tp}
+        # Expert parallel splits dp_shard into dp_shard_mod_ep x dp_shard_in_ep (dp_shard x 1 without it).
+        in_ep = dims.ep // dims.cp if dims.ep > 1 else 1
+        sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard_mod_ep": dims.dp_shard // in_ep,
+                 "dp_shard_in_ep": in_ep, "cp": dims.cp, "tp": dims.tp}
         order = list(sizes)
         self.stride = {n: _prod(sizes[m] for m in order[i + 1:]) for i, n in enumerate(order)}
         self.stride["dp_shard"] = self.stride["dp_shard_in_ep"]

@@ -31,6 +31,9 @@ LAYOUTS = {
         "--model.n_layers", "5", "--comm.world_size", "32", "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.tensor_parallel_degree", "2", "--parallelism.pipeline_parallel_degree", "2",
         "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--activation_checkpoint.mode", "full"]),
+    "405B TP 8 x PP 8 x FSDP 2 x CP 4": ("llama3_405b_3d_est", [
+        "--model.n_layers", "10", "--parallelism.context_parallel_degree", "4", "--training.local_batch_size", "8",
+        "--training.global_batch_size", "-1"]),
     "Qwen3-MoE FSDP 8 x EP 2, full AC": ("qwen3_moe_moe_debug", [
         "--comm.world_size", "8", "--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
     "DeepSeek-V3 HSDP 2 x 8 x EP 4": ("deepseek_v3_moe_debug", [
