@@ -39,6 +39,9 @@ LAYOUTS = {
     "DeepSeek-V3 HSDP 2 x 8 x EP 4": ("deepseek_v3_moe_debug", [
         "--comm.world_size", "16", "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.expert_parallel_degree", "4"]),
+    "DeepSeek-V3 HSDP 2 x 2 = EP 2": ("deepseek_v3_moe_debug", [
+        "--comm.world_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
+        "--parallelism.expert_parallel_degree", "2"]),
     "DeepSeek-V3 FSDP 2 = EP 2, op SAC": ("deepseek_v3_moe_debug", [
         "--comm.world_size", "2", "--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode",
         "selective", "--activation_checkpoint.selective_ac_option", "op"]),
