@@ -111,7 +111,11 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
                                      reduce_dtype=TORCH_DTYPES[training.mixed_precision_reduce])
     mesh = parallel_dims.world_mesh[tuple(names)]
     for moe in layers:
+        # FSDP shards the expert dim; with fewer local experts than shards, some ranks would hold whole experts and
+        # others none (DeepSeek-V3 on 512 ranks at EP 64: 4 experts over 8 shards), so it shards the next dim.
+        dim = 1 if moe.args.num_experts // parallel_dims.ep < mesh.size(mesh.ndim - 1) else 0
         fully_shard(moe.experts, mesh=mesh, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward(parallel_dims, job_config))
+                    reshard_after_forward=reshard_after_forward(parallel_dims, job_config),
+                    shard_placement_fn=lambda _, dim=dim: Shard(dim))
     logger.info(f"expert parallel {parallel_dims.ep}: experts FSDP over {dict(zip(names, mesh.shape))}")
     return set()

@@ -16,7 +16,7 @@ ARGS = [*TINY, "--training.steps", "4", "--training.global_batch_size", "4", "--
 # 0.05 a step moves the biases past the routers' score gaps within the two steps before the checkpoint.
 DEEPSEEK = ["--model.name", "deepseek_v3", "--model.bias_update_rate", "0.05"]
 QWEN3_MOE = ["--model.name", "qwen3_moe"]
-EXPERTS = 8  # both debug flavors
+EXPERTS = 8  # the debug flavor
 
 
 def _resume(tmp_path, saved, args, nproc):
@@ -55,8 +55,10 @@ def test_deepseek_v3_resumes_at_another_expert_parallel_degree(tmp_path, deepsee
 
 
 def test_qwen3_moe_saved_at_ep2_x_fsdp2_resumes_in_one_process(tmp_path):
+    # 2 experts top-1: each rank computes 1 expert, which FSDP splits by rows over its 2 shards.
+    model = [*QWEN3_MOE, "--model.num_experts", "2", "--model.top_k", "1"]
     saved = tmp_path / "ep2_fsdp2"
-    run_train([*ARGS, *QWEN3_MOE, "--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2",
+    run_train([*ARGS, *model, "--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2",
                "--job.dump_folder", str(saved)], nproc=4)
-    got = _resume(tmp_path / "one", saved, [*ARGS, *QWEN3_MOE, "--training.local_batch_size", "4"], 1)
+    got = _resume(tmp_path / "one", saved, [*ARGS, *model, "--training.local_batch_size", "4"], 1)
     assert got == pytest.approx(losses(saved)[2:], rel=1e-5)
