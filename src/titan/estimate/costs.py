@@ -1,9 +1,11 @@
 """The analytical half of the estimator: memory, collectives and step time of one rank, from what the dry run
 read back (local shard sizes, FSDP units, checkpointed blocks) and the model's shapes.
 
-Conventions: FLOPs as in `flops_per_token` (6 x non-embedding parameters + 12·L·H·d·T per token), so the stages'
-FLOPs add up to the trainer's MFU numerator; bf16 peak;
-collective times by the ring formulas over the slower of NVLink and the network for the group's span.
+Conventions: FLOPs as in `flops_per_token` (6 x the non-embedding parameters a token uses, k of an MoE layer's E
+experts, + 6·L·H·(qk + v head dims)·T per token), so the stages' FLOPs add up to the trainer's MFU numerator; bf16
+peak; collective times by the ring formulas over the slower of NVLink and the network for the group's span; an
+all-to-all (expert parallel, titan.estimate.experts) sends each peer's share over its own link. Collective groups:
+tp, cp, pp, fsdp/hsdp (the blocks and the root), ep (token dispatch and combine), efsdp/ehsdp (the experts' units).
 """
 
 from __future__ import annotations
