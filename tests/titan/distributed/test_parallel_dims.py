@@ -87,6 +87,7 @@ def test_expert_parallel_meshes_borrow_data_parallel_ranks(fake_world, kwargs, g
         assert _ranks(pd.submesh(name)) == ranks, name
 
 
+@pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # what data_parallel does, as TorchTitan
 @pytest.mark.parametrize("kwargs, shard", [({"dp_shard": 4, "ep": 4}, "dp_shard_in_ep"),
                                            ({"dp_shard": 4, "ep": 2}, "dp_shard"), ({"dp_shard": 4}, "dp_shard")])
 def test_hsdp_slices_replicas_by_whatever_holds_dp_shard(fake_world, kwargs, shard):
