@@ -80,8 +80,8 @@ MOE_NOTES = [
     "and routing limited to 4 nodes a token. None of these is a row's setup (the H800 has the H100's compute), so",
     "there is no ratio. TorchTitan publishes a deepseek_v3_671b.toml (local batch 4, seq 4096, op-level",
     "checkpointing, EP 1) but no throughput or memory of it.",
-    "(b) No published Qwen3-235B-A22B training throughput was found (TorchTitan's Qwen3 README lists the",
-    "benchmark as to be done; the Qwen3 technical report gives none).",
+    "(b) No published Qwen3-235B-A22B training throughput was found (TorchTitan's Qwen3 README lists testing",
+    "against performance benchmarks as still to be done).",
 ]
 
 
