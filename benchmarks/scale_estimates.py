@@ -1,5 +1,6 @@
 """Our dry-run estimates beside TorchTitan's published H100 measurements (benchmarks/llama3_h100_202412_torchtitan.md
-in pytorch/torchtitan: Grand Teton, 8 H100 per host, 400 Gb/s per GPU, 500 W), with the ratio for each row.
+in pytorch/torchtitan: Grand Teton, 8 H100 per host, 400 Gb/s per GPU, 500 W), with the ratio for each row, and
+mixture-of-experts layouts (DeepSeek-V3 671B, Qwen3-235B-A22B) beside what has been published of them.
 
 Every row runs `titan.estimate` on the paper's layout. The step-time model's three free constants (mfu,
 compile_speedup, float8_speedup) are fitted on table 1's three rows (titan.estimate.calibrate): those rows are
@@ -62,6 +63,27 @@ ROWS = [
 FIT_TABLE = "1: 8B, 8 GPUs, FSDP, lbs 2, SAC"
 """The published table the constants are fitted on."""
 
+DEEPSEEK_V3 = "1,543 (a)"
+EP = "--parallelism.expert_parallel_degree"
+# (row, config, overrides, published tokens/s/GPU): no run of these layouts has been published.
+MOE_ROWS = [
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 64", "deepseek_v3_671b_ep64_est", [], DEEPSEEK_V3),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 8", "deepseek_v3_671b_ep64_est", [EP, "8"], DEEPSEEK_V3),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 (no EP)", "deepseek_v3_671b_ep64_est", [EP, "1"], DEEPSEEK_V3),
+    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 8", "qwen3_235b_a22b_ep8_est", [], "none found (b)"),
+    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 32", "qwen3_235b_a22b_ep8_est", [EP, "32"], "none found (b)"),
+]
+MOE_NOTES = [
+    "(a) DeepSeek-V3 technical report (arXiv:2412.19437), section 1 and table 1: 180K H800 GPU hours per",
+    "trillion tokens, i.e. 10^12 / (180,000 x 3,600 s) = 1,543 tokens/s per GPU, on 2,048 H800 with PP 16 x EP 64",
+    "(8 nodes) x ZeRO-1 data parallel (section 3.2), FP8 GEMMs, DualPipe hiding the all-to-alls behind compute",
+    "and routing limited to 4 nodes a token. None of these is a row's setup (the H800 has the H100's compute), so",
+    "there is no ratio. TorchTitan publishes a deepseek_v3_671b.toml (local batch 4, seq 4096, op-level",
+    "checkpointing, EP 1) but no throughput or memory of it.",
+    "(b) No published Qwen3-235B-A22B training throughput was found (TorchTitan's Qwen3 README lists testing",
+    "against performance benchmarks as still to be done).",
+]
+
 
 def plans() -> list:
     """The dry run of every row, once (it does not depend on the fitted constants)."""
@@ -91,7 +113,44 @@ def run_rows(hw: Hardware, planned: list) -> list[dict]:
     return results
 
 
-def markdown(results: list[dict], hw: Hardware, prior: Hardware, prior_results: list[dict]) -> str:
+def run_moe_rows(hw: Hardware) -> list[dict]:
+    """The MoE dry runs with the fitted constants; `dry_run_s`: each one's wall time (plan and estimate)."""
+    results = []
+    for row, config, extra, published in MOE_ROWS:
+        t0 = time.perf_counter()
+        report = estimate(parse_args(["--config", f"configs/titan/{config}.toml", *extra]), hw)
+        rank = max(report["ranks"], key=lambda r: r["memory_gib"])
+        a2a = [c for c in rank["collectives"] if c["op"] == "all_to_all"]
+        results.append({"row": row, "config": config, "overrides": extra, "published_tps": published,
+                        "estimated_tps": report["step"]["tokens_per_s_per_gpu"], "estimated_mfu": report["step"]["mfu"],
+                        "estimated_gib": rank["memory_gib"], "fits": rank["fits"], "step_s": report["step"]["step_s"],
+                        "all_to_all_bytes": rank["all_to_all_bytes"], "all_to_all_s": sum(c["seconds"] for c in a2a),
+                        "dry_run_s": time.perf_counter() - t0})
+        print(f"{row:>50}: estimate {results[-1]['estimated_tps']:8,.0f} tok/s/GPU {rank['memory_gib']:6.1f} GiB "
+              f"in {results[-1]['dry_run_s']:.1f} s", flush=True)
+    return results
+
+
+def moe_markdown(results: list[dict]) -> list[str]:
+    lines = ["", "## Mixture of experts (expert parallel + FSDP)", "",
+             "Same model and fitted constants; every MoE figure is a prediction. Local batch 2 x seq 4096, full",
+             "activation checkpointing, bf16 compute. All-to-all: the token dispatch and combine of every MoE block",
+             "(forward, backward, and the recomputed forward), per step and rank, to GPUs in its node / in others;",
+             "routing taken as balanced, the all-to-alls as not overlapped with compute (as titan runs them).", "",
+             "| Row | Est. tok/s/GPU | Est. MFU (active) | Est. GiB | All-to-all GiB in node / across | "
+             "All-to-all s | Step s | Published tok/s/GPU |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        a2a = r["all_to_all_bytes"]
+        lines.append(f"| {r['row']} | {r['estimated_tps']:,.0f} | {100 * r['estimated_mfu']:.1f}% | "
+                     f"{r['estimated_gib']:.1f}{'' if r['fits'] else ' (> 80)'} | "
+                     f"{a2a['intra_node'] / 2**30:,.1f} / {a2a['inter_node'] / 2**30:,.1f} | {r['all_to_all_s']:.2f} | "
+                     f"{r['step_s']:.2f} | {r['published_tps']} |")
+    return lines + ["", *MOE_NOTES]
+
+
+def markdown(results: list[dict], hw: Hardware, prior: Hardware, prior_results: list[dict],
+             moe_results: list[dict]) -> str:
     assumptions = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in dataclasses.asdict(hw).items() if k not in FITTED)
     fitted = ", ".join(f"{k} {getattr(hw, k):.3f}" for k in FITTED)
@@ -137,7 +196,7 @@ def markdown(results: list[dict], hw: Hardware, prior: Hardware, prior_results: 
     lines += ["", "Not modelled: async TP (tables 5, 6 used it), allocator fragmentation, Float8 weight casts'",
               "memory, compute/communication contention. Compile and Float8 are flat speed-ups of the compute",
               "(`--estimate.compile_speedup`, `--estimate.float8_speedup`), fitted here on 8B at 8 GPUs."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + moe_markdown(moe_results)) + "\n"
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -169,11 +228,13 @@ def main() -> None:
     prior = Hardware()
     hw = fit_constants(planned, prior)
     results = run_rows(hw, planned)
-    Path(opts.md).write_text(markdown(results, hw, prior, run_rows(prior, planned)))
+    moe_results = run_moe_rows(hw)
+    Path(opts.md).write_text(markdown(results, hw, prior, run_rows(prior, planned), moe_results))
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"hardware": dataclasses.asdict(hw), "fitted_on": FIT_TABLE,
-                                                  "prior": dataclasses.asdict(prior), "rows": results}, indent=1))
+                                                  "prior": dataclasses.asdict(prior), "rows": results,
+                                                  "moe_rows": moe_results}, indent=1))
     plot(results, out / "results.png")
     print(f"wrote {opts.md}, {out / 'results.json'}, {out / 'results.png'}")
 

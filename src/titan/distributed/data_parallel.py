@@ -42,7 +42,7 @@ def apply_data_parallel(model: nn.Module, parallel_dims, job_config,
     if parallel_dims.dp_replicate_enabled and parallel_dims.fsdp_enabled:
         shard = "dp_shard_cp" if parallel_dims.dp_shard > 1 and parallel_dims.cp_enabled else (
             "dp_shard" if parallel_dims.dp_shard > 1 else "cp")
-        mesh = parallel_dims.world_mesh[("dp_replicate", shard)]
+        mesh = parallel_dims.world_mesh[("dp_replicate", parallel_dims.mesh_dim_name(shard))]
     elif parallel_dims.fsdp_enabled:
         mesh = parallel_dims.submesh("dp_shard_cp")
     else:

@@ -131,7 +131,11 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     alone = set()
     for moe in layers:
         if experts_mesh is not None:
-            fully_shard(moe.experts, mesh=experts_mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+            # FSDP shards the expert dim; with fewer local experts than shards, some ranks would hold whole experts
+            # and others none (DeepSeek-V3 on 512 ranks at EP 64: 4 experts over 8 shards), so it shards the next.
+            dim = 1 if moe.args.num_experts // parallel_dims.ep < experts_mesh.size(experts_mesh.ndim - 1) else 0
+            fully_shard(moe.experts, mesh=experts_mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
+                        shard_placement_fn=lambda _, dim=dim: Shard(dim))
         elif parallel_dims.ep_enabled:
             alone |= set(moe.experts.parameters())
         if layer_mesh is not None:

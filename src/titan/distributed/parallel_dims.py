@@ -127,6 +127,12 @@ class ParallelDims:
             enabled = [p for p in aliases.get(name, ()) if p in names]
             return root[enabled[0]] if len(enabled) == 1 else None
 
+    def mesh_dim_name(self, name: str) -> str:
+        """`name` as the world mesh knows it, to slice several dims at once: the name itself, or its only enabled
+        part where no flattened view was needed (dp_shard is dp_shard_in_ep when expert parallel takes all of it)."""
+        enabled = [p for p in self._views().get(name, ()) if p in (self.world_mesh.mesh_dim_names or ())]
+        return enabled[0] if len(enabled) == 1 else name
+
     @property
     def dp_enabled(self) -> bool:
         return self.dp_replicate * self.dp_shard > 1

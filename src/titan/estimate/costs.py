@@ -1,9 +1,11 @@
 """The analytical half of the estimator: memory, collectives and step time of one rank, from what the dry run
 read back (local shard sizes, FSDP units, checkpointed blocks) and the model's shapes.
 
-Conventions: FLOPs as in `flops_per_token` (6 x non-embedding parameters + 12·L·H·d·T per token), so the stages'
-FLOPs add up to the trainer's MFU numerator; bf16 peak;
-collective times by the ring formulas over the slower of NVLink and the network for the group's span.
+Conventions: FLOPs as in `flops_per_token` (6 x the non-embedding parameters a token uses, k of an MoE layer's E
+experts, + 6·L·H·(qk + v head dims)·T per token), so the stages' FLOPs add up to the trainer's MFU numerator; bf16
+peak; collective times by the ring formulas over the slower of NVLink and the network for the group's span; an
+all-to-all (expert parallel, titan.estimate.experts) sends each peer's share over its own link. Collective groups:
+tp, cp, pp, fsdp/hsdp (the blocks and the root), ep (token dispatch and combine), efsdp/ehsdp (the experts' units).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stages_per_rank
+from titan.estimate.blocks import attention_dims, block_activation_elems, latent_attention, layer_params
+from titan.estimate.experts import ep_collectives, expert_fsdp_collectives
 from titan.estimate.layout import RankInfo
 
 GIB = 2**30
@@ -104,48 +108,26 @@ def make_layout(args, dims, job_config, global_batch: int) -> Layout:
     )
 
 
-def layer_params(args) -> dict[str, int]:
-    kv_dim = (args.n_kv_heads or args.n_heads) * args.head_dim
-    q_dim = args.n_heads * args.head_dim
-    return {"wq": args.dim * q_dim, "wk": args.dim * kv_dim, "wv": args.dim * kv_dim, "wo": q_dim * args.dim,
-            "w1": args.dim * args.ffn_hidden_dim, "w2": args.ffn_hidden_dim * args.dim,
-            "w3": args.dim * args.ffn_hidden_dim,
-            "norms": 2 * args.dim + (2 * args.head_dim if getattr(args, "qk_norm", False) else 0)}
-
-
-def block_activation_elems(args, tp: int, kind: str) -> float:
-    """Elements saved for backward per local token by one block; "none", "full" or "op" checkpointing.
-
-    SP-sharded tensors count 1/tp, the all-gathered norm outputs and the row-parallel partial sums full width;
-    the fp32 copies made by RoPE count twice.
-    """
-    D, F, hd = args.dim, args.ffn_hidden_dim, args.head_dim
-    H, Hkv = args.n_heads / tp, (args.n_kv_heads or args.n_heads) / tp
-    if kind == "full":
-        return D / tp
-    if kind == "op":
-        # The policy saves odd-numbered matmuls (wq, wv, w1, w2) and the attention output.
-        return D / tp + H * hd + Hkv * hd + F / tp + D + H * hd
-    norms = 2 * D / tp + 2 * D
-    attention = (H + 2 * Hkv) * hd + 2 * (H + Hkv) * hd + 3 * H * hd + 2 * H * hd
-    if getattr(args, "qk_norm", False):  # the per-head norms keep their inputs
-        attention += (H + Hkv) * hd
-    return norms + attention + 4 * F / tp
-
-
 class Collectives:
     """Per-step collectives of one rank: group, op, calls, bytes per call, wire bytes and seconds."""
 
     def __init__(self, hw: Hardware, dims):
         self.hw, self.dims, self.rows = hw, dims, []
-        sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp,
-                 "tp": dims.tp}
+        # Expert parallel splits dp_shard into dp_shard_mod_ep x dp_shard_in_ep (dp_shard x 1 without it).
+        in_ep = dims.ep // dims.cp if dims.ep > 1 else 1
+        sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard_mod_ep": dims.dp_shard // in_ep,
+                 "dp_shard_in_ep": in_ep, "cp": dims.cp, "tp": dims.tp}
         order = list(sizes)
         self.stride = {n: _prod(sizes[m] for m in order[i + 1:]) for i, n in enumerate(order)}
+        self.stride["dp_shard"] = self.stride["dp_shard_in_ep"]
+
+    def ranks_in_node(self, innermost: str, size: int) -> int:
+        """Of a group of `size` ranks, those in one node. Mesh dims run pp, dp_replicate, dp_shard_mod_ep,
+        dp_shard_in_ep, cp, tp (tp fastest): a group spans stride x size ranks."""
+        return max(1, min(size, self.hw.gpus_per_node // self.stride[innermost]))
 
     def bandwidth(self, innermost: str, size: int) -> float:
-        # Mesh dims run pp, dp_replicate, dp_shard, cp, tp (tp fastest): a group spans stride x size ranks.
-        intra = self.stride[innermost] * size <= self.hw.gpus_per_node
+        intra = self.ranks_in_node(innermost, size) == size
         return 1e9 * (self.hw.intra_node_gbps if intra else self.hw.inter_node_gbps)
 
     def add(self, group: str, innermost: str, size: int, op: str, calls: float, nbytes: float,
@@ -156,8 +138,23 @@ class Collectives:
                   "all_reduce": 2 * (size - 1) / size, "ring_kv": (size - 1) / size, "send_recv": 1.0}[op]
         wire = factor * nbytes * calls
         seconds = wire / self.bandwidth(innermost, size) + calls * self.hw.latency_us * 1e-6
+        intra = self.ranks_in_node(innermost, size) == size
         self.rows.append({"group": group, "op": op, "group_size": size, "calls": calls, "bytes_per_call": nbytes,
-                          "wire_bytes": wire, "seconds": seconds, "overlapped": overlapped})
+                          "wire_bytes": wire, "intra_node_bytes": wire if intra else 0.0,
+                          "inter_node_bytes": 0.0 if intra else wire, "seconds": seconds, "overlapped": overlapped})
+
+    def add_all_to_all(self, group: str, innermost: str, size: int, calls: float, nbytes: float) -> None:
+        """An all-to-all of `nbytes` a call spread evenly over the group: the shares of peers in the node go over
+        NVLink, the others over the network, both at once; the rank's own share stays."""
+        if size <= 1 or calls == 0:
+            return
+        local = self.ranks_in_node(innermost, size)
+        intra, inter = nbytes * calls * (local - 1) / size, nbytes * calls * (size - local) / size
+        seconds = (max(intra / (1e9 * self.hw.intra_node_gbps), inter / (1e9 * self.hw.inter_node_gbps))
+                   + calls * self.hw.latency_us * 1e-6)
+        self.rows.append({"group": group, "op": "all_to_all", "group_size": size, "calls": calls,
+                          "bytes_per_call": nbytes, "wire_bytes": intra + inter, "intra_node_bytes": intra,
+                          "inter_node_bytes": inter, "seconds": seconds, "overlapped": False})
 
     def seconds(self, group: str) -> float:
         return sum(r["seconds"] for r in self.rows if r["group"] == group)
@@ -177,15 +174,20 @@ def _stage_owner(dims, schedule: str) -> dict[int, int]:
 def _flops(lay: Layout, part, tokens: int, recompute: bool = True) -> tuple[float, float]:
     """(linear, attention) FLOPs of one rank for a part over `tokens` local tokens."""
     a, t = lay.args, lay.dims.tp
-    lp = layer_params(a)
-    block = sum(lp.values())
-    attn = 12 * a.n_heads * a.head_dim * lay.seq_len
+    heads, qk, v = attention_dims(a)
+    attn = 6 * heads * (qk + v) * lay.seq_len
     n = len(part.layers)
-    linear = 6 * block * n + (6 * (a.dim * a.vocab_size + a.dim) if part.has_output else 0)
+    # A block's FLOPs are 6 x the weights a token uses: an MoE block's router, shared and k of its E experts.
+    active = sum(part.block_active_params)
+    linear = 6 * active + (6 * (a.dim * a.vocab_size + a.dim) if part.has_output else 0)
     attention = attn * n
-    if recompute:
-        # Full recompute repeats the forward (a third of 6N, and of the attention); op-SAC redoes wk, wo, w3.
-        linear += 2 * block * part.full_ac_blocks + 2 * (lp["wk"] + lp["wo"] + lp["w3"]) * part.op_ac_blocks
+    if recompute and n:
+        # Full recompute repeats the forward (a third of 6N, and of the attention); op-SAC redoes wk, wo, w3 of a
+        # GQA block with a dense SwiGLU, and about half of the matmuls of others (every second one).
+        gqa_dense = not latent_attention(a) and not any(part.block_moe)
+        lp = layer_params(a) if gqa_dense else {}
+        op_redone = 2 * (lp["wk"] + lp["wo"] + lp["w3"]) if gqa_dense else active / n
+        linear += 2 * active / n * part.full_ac_blocks + op_redone * part.op_ac_blocks
         attention += attn / 3 * part.full_ac_blocks
     return linear * tokens / t, attention * tokens / t
 
@@ -215,6 +217,8 @@ def _cp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) 
     # gathered in forward, again in backward and for fully recomputed blocks, and backward exchanges dK and dV
     # in fp32 (two calls); it overlaps the attention kernels.
     a = lay.args
+    if lay.dims.cp == 1:
+        return
     kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // lay.dims.tp) * a.head_dim * lay.param_bytes
     blocks = sum(len(p.layers) for p in info.parts)
     kv_calls, grad_calls = 2 * blocks + sum(p.full_ac_blocks for p in info.parts), 2 * blocks
@@ -287,12 +291,17 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
     _tp_collectives(col, lay, info, passes)
     _cp_collectives(col, lay, info, passes)
     _pp_collectives(col, lay, info, passes)
+    ep_collectives(col, lay, info, passes)
     unsharded = sum(p.unsharded_params for p in info.parts)
     local = sum(p.local_params for p in info.parts)
-    units = _fsdp_collectives(col, lay, info, unsharded, local)
+    experts = sum(sum(p.block_expert_params) for p in info.parts)
+    units = _fsdp_collectives(col, lay, info, unsharded - experts,
+                              local - sum(p.local_expert_params for p in info.parts))
+    units += expert_fsdp_collectives(col, lay, info)
 
-    t_dp = col.seconds("fsdp") + col.seconds("hsdp")
-    t_mb = (t_compute + (col.seconds("tp") + col.seconds("pp")) / passes
+    t_dp = sum(col.seconds(g) for g in ("fsdp", "hsdp", "efsdp", "ehsdp"))
+    # The token dispatch and combine block the compute that needs them, like TP's collectives.
+    t_mb = (t_compute + (col.seconds("tp") + col.seconds("pp") + col.seconds("ep")) / passes
             + max(0.0, col.seconds("cp") / passes - t_attention))
     # FSDP traffic hides behind compute except the first gather and the last reduce-scatter of the step.
     dp_exposed = max(0.0, t_dp - t_compute * passes) + t_dp / max(units, 1)
@@ -304,6 +313,8 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
             "memory_gib": sum(memory.values()) / GIB, "fits": sum(memory.values()) <= hw.memory_gib * GIB,
             "model_flops_per_microbatch": sum(sum(_flops(lay, p, tokens, recompute=False)) for p in info.parts),
             "compute_s_per_microbatch": t_compute, "microbatch_s": t_mb, "dp_exposed_s": dp_exposed,
+            "all_to_all_bytes": {where: sum(r[f"{where}_bytes"] for r in col.rows if r["op"] == "all_to_all")
+                                 for where in ("intra_node", "inter_node")},
             "collectives": col.rows}
 
 
@@ -312,13 +323,19 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
     t, v = dims.tp, stages_per_rank(lay.schedule)
     states = OPTIMIZER_STATES[lay.optimizer] if lay.optimizer != "SGD" or lay.momentum > 0 else 0
     master = sum(p.local_param_bytes for p in info.parts)
-    max_unit = max([u for p in info.parts for u in p.block_params] + [p.root_params for p in info.parts])
+    experts = [u for p in info.parts for u in p.block_expert_params]
+    max_unit = max([u for p in info.parts for u in p.block_params] + experts + [p.root_params for p in info.parts])
     max_block = max(u for p in info.parts for u in p.block_params)
     root = sum(p.root_params for p in info.parts)
     sharded = dims.fsdp_enabled or dims.dp_replicate_enabled
     # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
-    # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched).
-    gathered = (root + 2 * max_block if lay.reshard_after_forward else unsharded) * lay.param_bytes if sharded else 0
+    # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched), and
+    # as many expert units (their own under expert parallel, unless no rank is left to shard them over).
+    resident = sum(experts) if dims.dp_shard * dims.cp // dims.ep * dims.dp_replicate == 1 else 0
+    live = root + 2 * max_block + (2 * max(experts, default=0) if not resident else 0)
+    gathered = (live if lay.reshard_after_forward else unsharded - resident) * lay.param_bytes if sharded else 0
+    # Resident experts are cast to the compute dtype in each forward, and the copies kept for backward.
+    gathered += resident * lay.param_bytes if lay.param_bytes < 4 else 0
     # Without a gradient sync every microbatch (accumulation, or PP microbatches) FSDP keeps unsharded gradients.
     accumulates = sharded and (lay.accum > 1 or lay.microbatches > 1)
     grad_buffers = unsharded * lay.reduce_bytes if accumulates else max_unit * (lay.param_bytes + lay.reduce_bytes)
@@ -326,10 +343,14 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
     tokens = lay.local_tokens
 
     def part_activations(part) -> float:
-        n_full, n_op = part.full_ac_blocks, part.op_ac_blocks
-        n_none = len(part.layers) - n_full - n_op
-        elems = (n_none * block_activation_elems(a, t, "none") + n_full * block_activation_elems(a, t, "full")
-                 + n_op * block_activation_elems(a, t, "op"))
+        n = len(part.layers)
+        if not n:
+            return 0.0
+        # Which blocks are checkpointed is not read back, only how many: each block counts in those shares.
+        shares = {"full": part.full_ac_blocks / n, "op": part.op_ac_blocks / n}
+        shares["none"] = 1 - shares["full"] - shares["op"]
+        elems = sum(share * block_activation_elems(a, t, kind, moe) for moe in part.block_moe
+                    for kind, share in shares.items() if share)
         elems += a.dim / t if part.has_embedding else 0
         elems += (a.dim / t + a.dim) if part.has_output else 0
         return elems * tokens * lay.param_bytes
@@ -349,7 +370,8 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
         in_flight = min(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1) / v
     activations = in_flight * sum(per_part)
     recompute = any(q.full_ac_blocks or q.op_ac_blocks for q in info.parts)
-    working = block_activation_elems(a, t, "none") * tokens * lay.param_bytes if recompute else 0.0
+    working = (max(block_activation_elems(a, t, "none", moe) for q in info.parts for moe in q.block_moe)
+               * tokens * lay.param_bytes if recompute else 0.0)
     # The loss upcasts the (vocabulary-sharded) logits to fp32 and keeps their gradient.
     logits = (tokens * a.vocab_size / t * (lay.param_bytes + 8)
               if any(q.has_output for q in info.parts) else 0.0)

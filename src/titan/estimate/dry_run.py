@@ -96,7 +96,7 @@ def estimate(job_config, hw: Hardware, planned: Plan | None = None) -> dict:
         "params_over_all_shards": distinct,
         "flops_per_token": p.flops_per_token,
         "layout": {"world_size": dims.world_size, "pp": dims.pp, "dp_replicate": dims.dp_replicate,
-                   "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "schedule": lay.schedule,
+                   "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp, "ep": dims.ep, "schedule": lay.schedule,
                    "stages": dims.pp * stages_per_rank(lay.schedule), "microbatches": lay.microbatches,
                    "microbatch_seqs": lay.microbatch_seqs, "grad_accum_steps": lay.accum,
                    "seq_len": lay.seq_len, "ac": job_config.activation_checkpoint.mode},
@@ -117,7 +117,8 @@ def format_report(report: dict) -> str:
     lines = [
         f"{report['model']}: {report['num_params'] / 1e9:.2f}B params (sum over all shards "
         f"{report['params_over_all_shards'] / 1e9:.2f}B), world {lay['world_size']} = pp {lay['pp']} x dp_replicate "
-        f"{lay['dp_replicate']} x dp_shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']}",
+        f"{lay['dp_replicate']} x dp_shard {lay['dp_shard']} x cp {lay['cp']} x tp {lay['tp']}"
+        + (f", expert parallel {lay['ep']}" if lay["ep"] > 1 else ""),
         f"seq {lay['seq_len']}, {lay['microbatches']} microbatch(es) of {lay['microbatch_seqs']} seq x "
         f"{lay['grad_accum_steps']} accumulation step(s), AC {lay['ac']}"
         + (f", {lay['schedule']} over {lay['stages']} stages" if lay["pp"] > 1 else ""),
@@ -139,6 +140,11 @@ def format_report(report: dict) -> str:
             lines.append(f"{r['rank']:>5} {c['group']:>6} {c['op']:>15} {c['group_size']:>5} {c['calls']:>7g} "
                          f"{c['bytes_per_call'] / 2**20:>9.1f} {c['wire_bytes'] / GIB:>9.2f} {c['seconds']:>8.3f}"
                          + (" (overlapped)" if c["overlapped"] else ""))
+    for r in shown_ranks(report["ranks"]):
+        a2a = r["all_to_all_bytes"]
+        if sum(a2a.values()):
+            lines.append(f"{r['rank']:>5} expert all-to-all per step: {a2a['intra_node'] / GIB:.2f} GiB to ranks in "
+                         f"the node, {a2a['inter_node'] / GIB:.2f} GiB across nodes")
     lines += ["", f"step {step['step_s']:.2f} s for {step['global_batch']} sequences: "
               f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * step['mfu']:.1f}% "
               f"({report['hardware']['gpu']}, assumed kernel MFU {report['hardware']['mfu']:g})"]

@@ -10,13 +10,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from titan.estimate.blocks import estimable
 from titan.estimate.costs import GIB, OPTIMIZER_STATES, Hardware
 from titan.models import get_model_spec
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
-
-# What the step-time model reads of the model's arguments: models of another shape are not estimated.
-LLAMA_SHAPE = ("dim", "n_layers", "n_heads", "head_dim", "ffn_hidden_dim", "vocab_size")
 
 
 def available_bytes() -> tuple[float, str]:
@@ -36,7 +34,7 @@ def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None
     from titan.estimate.dry_run import estimate
 
     spec = get_model_spec(job_config.model.name, job_config.model.spec)
-    if not all(hasattr(spec.flavors.get(job_config.model.flavor), k) for k in LLAMA_SHAPE):
+    if not estimable(spec.flavors.get(job_config.model.flavor)):
         return None
     try:
         args = stand_in_model_args(spec, job_config)
@@ -44,7 +42,7 @@ def estimated_peak_bytes(job_config, world_size: int) -> dict[str, float] | None
         # The estimate stands in the flavor's vocabulary for the tokenizer; a model it cannot resolve so (e.g. one
         # whose architecture comes from an HF folder) is left to the run, which reports with the real tokenizer.
         return None
-    if not all(hasattr(args, k) for k in LLAMA_SHAPE):
+    if not estimable(args):
         return None
     config = dataclasses.replace(job_config, comm=dataclasses.replace(job_config.comm, world_size=world_size))
     report = estimate(config, Hardware(peak_tflops=1.0))

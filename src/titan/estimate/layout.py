@@ -23,6 +23,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stage_ranges
+from titan.models.common.moe import MoE
 from titan.quantization.float8 import Float8AllGatherWeight
 
 
@@ -42,7 +43,19 @@ class PartInfo:
     unsharded_params: int
     """Elements after the FSDP all-gather (TP-local): what forward and backward compute with."""
     block_params: list[int]
-    """Unsharded (TP-local) elements of each block: one FSDP unit each."""
+    """Unsharded (TP-local) elements of each block: one FSDP unit each (without the routed experts under expert
+    parallel, which are a unit of their own)."""
+    block_expert_params: list[int]
+    """Under expert parallel, each block's routed experts as this rank computes with them (its num_experts / ep
+    experts, whole): their own FSDP unit over dp_shard_mod_ep, or resident when no rank is left for it; 0 for a
+    dense block or without expert parallel."""
+    local_expert_params: int
+    """Of local_params, those of the routed experts' own units (expert parallel)."""
+    block_active_params: list[int]
+    """Elements of each block one token computes with (all of them less the routed experts it is not sent to,
+    E - k of E): what its FLOPs count."""
+    block_moe: list[bool]
+    """Whether each block's feed-forward is a mixture of experts."""
     root_params: int
     """Unsharded (TP-local) elements of the root FSDP unit (embedding, final norm, output), 0 on middle stages."""
     block_float8_params: list[int]
@@ -112,11 +125,32 @@ def _gathers_in_float8(p: torch.Tensor) -> bool:
     return isinstance(p._local_tensor if isinstance(p, DTensor) else p, Float8AllGatherWeight)
 
 
-def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: str) -> PartInfo:
+def _moe(block: nn.Module) -> MoE | None:
+    return next((m for m in block.modules() if isinstance(m, MoE)), None)
+
+
+def _routed(block: nn.Module) -> list[torch.Tensor]:
+    moe = _moe(block)
+    return list(moe.experts.parameters()) if moe is not None else []
+
+
+def _active(block: nn.Module) -> int:
+    moe = _moe(block)
+    total = sum(p.numel() for p in block.parameters())
+    if moe is None:
+        return total
+    e, k = moe.args.num_experts, moe.args.top_k
+    return total - sum(p.numel() for p in moe.experts.parameters()) // e * (e - k)
+
+
+def _part_info(part: nn.Module, stage: int, tp: int, ep: int, ac_mode: str, ac_option: str) -> PartInfo:
     blocks = list(part.layers.values())
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
     root = [p for p in part.parameters() if id(p) not in in_blocks]
-    block_params = [sum(_unsharded(p, tp) for p in b.parameters()) for b in blocks]
+    # Expert parallel makes the routed experts a unit of their own, gathered to the rank's experts only.
+    apart = [{id(p) for p in _routed(b)} if ep > 1 else set() for b in blocks]
+    block_params = [sum(_unsharded(p, tp) for p in b.parameters() if id(p) not in a) for b, a in zip(blocks, apart)]
+    experts = [sum(p.numel() // ep for p in _routed(b)) if ep > 1 else 0 for b in blocks]
     root_params = sum(_unsharded(p, tp) for p in root)
     # torch.compile wraps the (checkpointed) block; FSDP subclasses it in place.
     wrapped = sum(isinstance(getattr(b, "_orig_mod", b), CheckpointWrapper) for b in blocks)
@@ -131,8 +165,12 @@ def _part_info(part: nn.Module, stage: int, tp: int, ac_mode: str, ac_option: st
         has_output=part.output is not None or (getattr(part.args, "tie_embeddings", False) and part.norm is not None),
         local_params=sum(_local(p) for p in params),
         local_param_bytes=sum(_local(p) * p.element_size() for p in params),
-        unsharded_params=sum(block_params) + root_params,
+        unsharded_params=sum(block_params) + root_params + sum(experts),
         block_params=block_params,
+        block_expert_params=experts,
+        local_expert_params=sum(_local(p) for b, a in zip(blocks, apart) for p in b.parameters() if id(p) in a),
+        block_active_params=[_active(b) for b in blocks],
+        block_moe=[_moe(b) is not None for b in blocks],
         root_params=root_params,
         block_float8_params=[sum(_unsharded(p, tp) for p in b.parameters() if _gathers_in_float8(p)) for b in blocks],
         block_float8_weights=[sum(map(_gathers_in_float8, b.parameters())) for b in blocks],
@@ -174,7 +212,7 @@ def dry_run_rank(spec, model: nn.Module, job_config, parallel_dims: ParallelDims
     rank = representative_rank(parallel_dims, pp_rank)
     # A fresh ParallelDims: build_mesh keeps the mesh, which belongs to this fake group only.
     dims = ParallelDims(parallel_dims.dp_replicate, parallel_dims.dp_shard, parallel_dims.cp, parallel_dims.tp,
-                        parallel_dims.pp, parallel_dims.world_size)
+                        parallel_dims.pp, parallel_dims.world_size, parallel_dims.ep)
     with fake_process_group(rank, parallel_dims.world_size):
         mesh = dims.build_mesh("cpu")
         coordinate = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())) if mesh is not None else {}
@@ -182,5 +220,5 @@ def dry_run_rank(spec, model: nn.Module, job_config, parallel_dims: ParallelDims
         for stage in stage_ids_for_rank(pp_rank, parallel_dims.pp, schedule_of(parallel_dims, pcfg)):
             part = spec.parallelize(stage_model(model, stage, ranges), dims, job_config)
             ac = job_config.activation_checkpoint
-            info.parts.append(_part_info(part, stage, dims.tp, ac.mode, ac.selective_ac_option))
+            info.parts.append(_part_info(part, stage, dims.tp, dims.ep, ac.mode, ac.selective_ac_option))
     return info

@@ -17,7 +17,7 @@ HSDP_MESHES = {("dp_replicate", "dp_shard"): "hsdp", ("dp_replicate", "cp"): "hs
 def dims(dp_replicate=1, dp_shard=1, cp=1, pp=1):
     return SimpleNamespace(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, fsdp_enabled=dp_shard * cp > 1,
                            dp_replicate_enabled=dp_replicate > 1, cp_enabled=cp > 1, pp_enabled=pp > 1,
-                           world_mesh=HSDP_MESHES, submesh=lambda name: name)
+                           world_mesh=HSDP_MESHES, submesh=lambda name: name, mesh_dim_name=lambda name: name)
 
 
 @pytest.fixture

@@ -103,3 +103,14 @@ def test_tensor_parallel_views_for_mixtures_of_experts(fake_world, kwargs, group
     pd.build_mesh("cpu")
     for name, ranks in groups.items():
         assert _ranks(pd.submesh(name)) == ranks, name
+
+
+@pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # what data_parallel does, as TorchTitan
+@pytest.mark.parametrize("kwargs, shard", [({"dp_shard": 4, "ep": 4}, "dp_shard_in_ep"),
+                                           ({"dp_shard": 4, "ep": 2}, "dp_shard"), ({"dp_shard": 4}, "dp_shard")])
+def test_hsdp_slices_replicas_by_whatever_holds_dp_shard(fake_world, kwargs, shard):
+    fake_world(8)
+    pd = ParallelDims(**{"dp_replicate": 2, "cp": 1, "tp": 1, "pp": 1, "world_size": 8, **kwargs})
+    pd.build_mesh("cpu")
+    assert pd.mesh_dim_name("dp_shard") == shard
+    assert pd.world_mesh[("dp_replicate", shard)].shape == (2, 4)

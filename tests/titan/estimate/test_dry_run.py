@@ -12,7 +12,6 @@ from titan.builders import stand_in_model_args
 from titan.config import parse_args
 from titan.estimate.dry_run import Hardware, estimate, main
 from titan.models import get_model_spec
-from titan.models.common.decoder import flops_per_token
 
 CONFIGS = "configs/titan"
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
@@ -32,6 +31,20 @@ LAYOUTS = {
         "--model.n_layers", "5", "--comm.world_size", "32", "--parallelism.data_parallel_replicate_degree", "2",
         "--parallelism.tensor_parallel_degree", "2", "--parallelism.pipeline_parallel_degree", "2",
         "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--activation_checkpoint.mode", "full"]),
+    "405B TP 8 x PP 8 x FSDP 2 x CP 4": ("llama3_405b_3d_est", [
+        "--model.n_layers", "10", "--parallelism.context_parallel_degree", "4", "--training.local_batch_size", "8",
+        "--training.global_batch_size", "-1"]),
+    "Qwen3-MoE FSDP 8 x EP 2, full AC": ("qwen3_moe_moe_debug", [
+        "--comm.world_size", "8", "--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
+    "DeepSeek-V3 HSDP 2 x 8 x EP 4": ("deepseek_v3_moe_debug", [
+        "--comm.world_size", "16", "--parallelism.data_parallel_replicate_degree", "2",
+        "--parallelism.expert_parallel_degree", "4"]),
+    "DeepSeek-V3 HSDP 2 x 2 = EP 2": ("deepseek_v3_moe_debug", [
+        "--comm.world_size", "4", "--parallelism.data_parallel_replicate_degree", "2",
+        "--parallelism.expert_parallel_degree", "2"]),
+    "DeepSeek-V3 FSDP 2 = EP 2, op SAC": ("deepseek_v3_moe_debug", [
+        "--comm.world_size", "2", "--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode",
+        "selective", "--activation_checkpoint.selective_ac_option", "op"]),
 }
 
 
@@ -44,18 +57,19 @@ def test_shards_over_all_ranks_add_up_to_the_model(layout):
     name, extra = LAYOUTS[layout]
     cfg = _config(name, extra)
     report = estimate(cfg, Hardware())
-    spec = get_model_spec("llama3")
+    spec = get_model_spec(cfg.model.name)
     args = stand_in_model_args(spec, cfg)
     with torch.device("meta"):
         model = spec.build_model(args)
     assert report["params_over_all_shards"] == sum(p.numel() for p in model.parameters())
     assert report["num_params"] == sum(p.numel() for p in model.parameters())
-    # The analytical per-stage FLOPs add up to the trainer's FLOPs per token (the MFU numerator).
+    # The analytical per-stage FLOPs add up to the trainer's FLOPs per token (the MFU numerator; an MoE model's
+    # counts only the k experts a token reaches).
     lay = report["layout"]
     ranks = report["ranks"]
     local_tokens = lay["microbatch_seqs"] * lay["seq_len"] // lay["cp"]
     stage_flops = sum(r["model_flops_per_microbatch"] for r in ranks) * lay["tp"] / local_tokens
-    assert stage_flops == pytest.approx(flops_per_token(model, args, cfg.training.seq_len))
+    assert stage_flops == pytest.approx(spec.flops_per_token(model, args, cfg.training.seq_len))
     assert len(ranks) == lay["pp"]
     assert sorted(s for r in ranks for s in r["stages"]) == list(range(lay["stages"]))
     assert sorted(i for r in ranks for layers in r["layers"] for i in layers) == list(range(args.n_layers))
@@ -121,6 +135,24 @@ def test_405b_on_512_fake_ranks_under_a_minute(tmp_path):
     peak = max(r["memory_gib"] for r in report["ranks"])
     assert line.startswith("done: dry run of llama3/405B on 512 ranks in ") and f"peak {peak:.1f} GiB" in line, line
     assert line.endswith(f"outputs in {tmp_path / 'estimate.json'}"), line
+
+
+def test_deepseek_v3_671b_on_512_fake_ranks_with_expert_parallel_64():
+    t0 = time.perf_counter()
+    report = estimate(_config("deepseek_v3_671b_ep64_est"), Hardware())
+    assert time.perf_counter() - t0 < 60
+    assert report["layout"] | {"world_size": 512, "dp_shard": 512, "ep": 64} == report["layout"]
+    # transformers' DeepseekV3ForCausalLM count (tests/titan/models/deepseek_v3/test_model.py), over the shards.
+    assert report["params_over_all_shards"] == report["num_params"] == 671_026_404_352
+    rank = report["ranks"][0]
+    # Each expert group of 64 ranks splits a layer's 256 experts 4 a rank, which FSDP splits by rows over the 8
+    # groups (half an expert each), as it splits the rest 512 ways: every rank stores 1/512 of the model (rank 0
+    # the larger shard of an uneven split).
+    assert rank["memory_bytes"]["params"] == pytest.approx(4 * report["num_params"] / 512, rel=1e-3)
+    assert {c["group"] for c in rank["collectives"]} == {"ep", "fsdp", "efsdp"}
+    # 8 GPUs a node: 7 of a rank's 63 peers in the expert group share its node.
+    a2a = rank["all_to_all_bytes"]
+    assert a2a["inter_node"] == pytest.approx(a2a["intra_node"] * 56 / 7)
 
 
 def test_qwen3_32b_on_64_fake_ranks(tmp_path):

@@ -133,7 +133,8 @@ def _floating(state: dict[str, Any], prefix: str):
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             yield from _floating(value, f"{name}.")
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and _local(value).numel():
+            # A rank's shard can be empty (FSDP over more ranks than a dim has rows), and has no max-norm.
             yield name, _local(value)
 
 

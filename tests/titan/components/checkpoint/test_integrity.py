@@ -154,6 +154,22 @@ def test_nonfinite_entry_names_the_first_key_a_per_tensor_check_would(trial):
     assert nonfinite_entry(state) == expected
 
 
+def test_a_rank_whose_shard_is_empty_checks_the_rest():
+    """FSDP over 2 ranks of a 1-row weight leaves rank 1 nothing of it (a router of 2 experts over 4 ranks)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    try:
+        row = distribute_tensor(torch.ones(1, 4), init_device_mesh("cpu", (2,)), [Shard(0)])
+        assert row.to_local().numel() == 0
+        assert nonfinite_entry({"row": row, "w": torch.tensor([1.0, float("nan")])}) == "w"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_commit_fsyncs_the_manifest_and_the_folder_before_the_rename_and_the_parent_after(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = os.fsync, os.replace
