@@ -1,6 +1,6 @@
-"""MoE families in the real trainer: expert parallel over 2 ranks gives the one-process losses and gradient norms
-(fp32, 1e-5), metrics.jsonl carries the experts' load, and expert parallel on a model without experts is one
-error line."""
+"""MoE families in the real trainer: expert parallel over 2 ranks and pipeline parallel (alone and with expert
+parallel) give the one-process losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of
+every layer whichever stage holds it, and expert parallel on a model without experts is one error line."""
 
 import pytest
 
@@ -28,3 +28,48 @@ def test_expert_parallel_without_experts_is_one_error_line(tmp_path):
                      nproc=2, check=False)
     assert proc.returncode != 0
     assert "error: parallelism.expert_parallel_degree 2 needs a model with experts" in proc.stderr
+
+
+# A strong balance loss (Qwen3-MoE) and bias step (DeepSeek-V3), so that a wrong scale or update shows; DeepSeek-V3's
+# two dense blocks fill the first stage of a 1F1B pipeline, which then holds no MoE layer.
+PP_MODELS = {"qwen3_moe": [*MOE_MODELS["qwen3_moe"], "--model.aux_loss_coef", "0.5"],
+             "deepseek_v3": [*MOE_MODELS["deepseek_v3"], "--model.n_dense_layers", "2",
+                             "--model.bias_update_rate", "0.01"]}
+PP_STEPS = [*STEPS, "--model.n_layers", "4"]
+
+
+@pytest.fixture(scope="module")
+def one_sequence_batches(module_tmp_path):
+    """The one-process runs: 4 accumulation steps of one sequence, the micro-batches of the pipeline runs (the
+    balance loss is one of each forward batch, so the split matters)."""
+    runs = {}
+    for model, args in PP_MODELS.items():
+        folder = module_tmp_path / f"{model}_one"
+        run_train([*TINY, *args, *PP_STEPS, "--training.local_batch_size", "1", "--job.dump_folder", str(folder)])
+        runs[model] = read_metrics(folder)
+    return runs
+
+
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+EP2 = ["--parallelism.expert_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize("model, nproc, layout", [
+    ("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    ("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("qwen3_moe", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("deepseek_v3", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    pytest.param("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "GPipe"], marks=pytest.mark.slow),
+    pytest.param("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"],
+                 marks=pytest.mark.slow),
+], ids=["qwen3_moe-pp2-1f1b", "deepseek_v3-pp2-interleaved", "qwen3_moe-pp2xep2-interleaved",
+        "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
+def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
+    # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
+    run_train([*TINY, *PP_MODELS[model], *PP_STEPS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    records, reference = read_metrics(tmp_path), one_sequence_batches[model]
+    assert_same_run(records, reference)
+    for got, want in zip(records, reference):
+        # Summed over micro-batches and data-parallel ranks, min and max over every stage's layers.
+        assert (got["moe_tokens_min"], got["moe_tokens_max"]) == (want["moe_tokens_min"], want["moe_tokens_max"])
+        assert got["moe_imbalance"] == pytest.approx(want["moe_imbalance"])

@@ -233,32 +233,46 @@ class MoE(nn.Module):
             self.router.expert_bias.zero_()
 
 
+LOAD_METRICS = ("moe_tokens_min", "moe_tokens_max", "moe_imbalance")
+
+
 @torch.no_grad()
-def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
+def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=None) -> dict[str, torch.Tensor]:
     """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that split the
     batch), moves DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen
     (tokens per expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d
-    tensors on the device, read by the host only when it logs. Nothing when the model has no MoE layer."""
-    layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not layers:
+    tensors on the device, read by the host only when it logs. `model`: a model or a rank's pipeline stages;
+    `pp_group`: the pipeline ranks, whose stages hold the other layers (the model has experts, so every stage takes
+    part, one without MoE layers too). Nothing when there is no MoE layer and no pipeline."""
+    parts = model if isinstance(model, list) else [model]
+    layers = [m for part in parts for m in part.modules() if isinstance(m, MoE)]
+    if not layers and pp_group is None:
         return {}
-    counts_LE = torch.stack([m.tokens_per_expert for m in layers])
-    if group is not None:
-        torch.distributed.all_reduce(counts_LE, group=group)
-    for moe, counts_E in zip(layers, counts_LE):
-        if moe.args.bias_update_rate:
-            bias = moe.router.expert_bias
-            bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
-        moe.tokens_per_expert.zero_()
-    mean_L = counts_LE.mean(dim=1).clamp(min=1)
-    return {"moe_tokens_min": counts_LE.min(), "moe_tokens_max": counts_LE.max(),
-            "moe_imbalance": (counts_LE.max(dim=1).values / mean_L).max()}
+    if layers:
+        counts_LE = torch.stack([m.tokens_per_expert for m in layers])
+        if group is not None:
+            torch.distributed.all_reduce(counts_LE, group=group)
+        for moe, counts_E in zip(layers, counts_LE):
+            if moe.args.bias_update_rate:
+                bias = moe.router.expert_bias
+                bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
+            moe.tokens_per_expert.zero_()
+        mean_L = counts_LE.mean(dim=1).clamp(min=1)
+        # -min, so that one MAX all-reduce combines the stages' three values.
+        stats = torch.stack([-counts_LE.min(), counts_LE.max(), (counts_LE.max(dim=1).values / mean_L).max()])
+    else:  # a stage of dense blocks: the identity of each MAX
+        device = next(b.device for part in parts for b in (*part.parameters(), *part.buffers()))
+        stats = torch.tensor([-torch.inf, 0.0, 0.0], device=device)
+    if pp_group is not None:
+        stats = stats.double()
+        torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX, group=pp_group)
+    return dict(zip(LOAD_METRICS, (-stats[0], stats[1], stats[2])))
 
 
-def expert_load_values(parts: list[nn.Module], group=None) -> tuple[list[str], torch.Tensor]:
-    """expert_load_step over a model's parts: the metric names and their values as one float64 device tensor
+def expert_load_values(parts: list[nn.Module], group=None, pp_group=None) -> tuple[list[str], torch.Tensor]:
+    """expert_load_step over a rank's model parts: the metric names and their values as one float64 device tensor
     (empty without MoE layers)."""
-    stats = {k: v for part in parts for k, v in expert_load_step(part, group).items()}
+    stats = expert_load_step(parts, group, pp_group)
     values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
     return list(stats), values
 
