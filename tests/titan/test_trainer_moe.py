@@ -1,6 +1,7 @@
-"""MoE families in the real trainer: expert parallel over 2 ranks and pipeline parallel (alone and with expert
-parallel) give the one-process losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of
-every layer whichever stage holds it, and expert parallel on a model without experts is one error line."""
+"""MoE families in the real trainer: expert parallel over 2 ranks, pipeline parallel and context parallel (each
+alone and with expert parallel) give the one-process losses and gradient norms (fp32, 1e-5), metrics.jsonl carries
+the experts' load of every layer whichever stage holds it, and expert parallel on a model without experts is one
+error line."""
 
 import pytest
 
@@ -67,9 +68,32 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
 def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
     # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
     run_train([*TINY, *PP_MODELS[model], *PP_STEPS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
-    records, reference = read_metrics(tmp_path), one_sequence_batches[model]
+    assert_same_load(read_metrics(tmp_path), one_sequence_batches[model])
+
+
+def assert_same_load(records, reference):
     assert_same_run(records, reference)
     for got, want in zip(records, reference):
         # Summed over micro-batches and data-parallel ranks, min and max over every stage's layers.
         assert (got["moe_tokens_min"], got["moe_tokens_max"]) == (want["moe_tokens_min"], want["moe_tokens_max"])
         assert got["moe_imbalance"] == pytest.approx(want["moe_imbalance"])
+
+
+# Context parallel: the balance loss counts each whole sequence over the cp ranks; DeepSeek-V3's MLA (qk head dim
+# 48, v head dim 32) with YaRN, whose rope table is sharded like the dense decoder's.
+CP_MODELS = {"qwen3_moe": PP_MODELS["qwen3_moe"],
+             "deepseek_v3": [*PP_MODELS["deepseek_v3"], "--model.n_dense_layers", "1", "--model.rope_factor", "4",
+                             "--model.rope_original_max_seq_len", "16", "--model.rope_mscale", "1",
+                             "--model.rope_mscale_all_dim", "1"]}
+CP2 = ["--parallelism.context_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize("model", CP_MODELS)
+def test_context_parallel_matches_one_process(tmp_path, model):
+    args = [*TINY, *CP_MODELS[model], "--training.steps", "3", "--training.global_batch_size", "2"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "one")])
+    reference = read_metrics(tmp_path / "one")
+    # Expert parallel borrows the cp ranks: each holds half of the experts and a half of every sequence.
+    for name, layout in {"cp2": CP2, "cp2xep2": [*CP2, *EP2]}.items():
+        run_train([*args, *layout, "--job.dump_folder", str(tmp_path / name)], nproc=2)
+        assert_same_load(read_metrics(tmp_path / name), reference)

@@ -74,8 +74,11 @@ class MLA(nn.Module):
         k_rope = apply_rotary(k_rope.view(B, T, 1, a.qk_rope_head_dim), rope_TH2, interleaved=True)
         q = torch.cat((q_nope, apply_rotary(q_rope, rope_TH2, interleaved=True)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, scale=self.softmax_scale)
+        # Flash kernels (the CPU's among them, so context parallel's ring too) take one head size for q, k and v:
+        # zeros pad the narrower ones (q.k and the scale unchanged) and are cut from the output.
+        width = max(a.qk_head_dim, a.v_head_dim)
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)[..., :a.v_head_dim]
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, init_std: float) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
@@ -175,11 +176,19 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.ones_like(aux_loss)
 
 
-def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor) -> torch.Tensor:
+def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor, group=None) -> torch.Tensor:
     """Switch Transformer's balance loss as Qwen3-MoE computes it for one layer: E * sum_e f_e * P_e, with f_e the
-    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e."""
+    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e.
+
+    `group`: the ranks holding the rest of these sequences (context parallel). f_e is then that of all their
+    tokens, and P_e this rank's part of their mean times the group size, since data parallel averages the ranks'
+    gradients: the average is the gradient of the whole sequences' loss."""
     num_experts = scores_TE.shape[-1]
-    f_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype) / scores_TE.shape[0]
+    counts_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype)
+    if group is not None:
+        counts_E = funcol.all_reduce(counts_E, "sum", group)
+        counts_E = counts_E / torch.distributed.get_world_size(group)
+    f_E = counts_E / scores_TE.shape[0]
     return num_experts * (f_E * scores_TE.mean(dim=0)).sum()
 
 
@@ -194,7 +203,9 @@ class MoE(nn.Module):
         # Routed token copies per expert since the last expert_load_step: the balancing bias and the metrics read it.
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
         self.aux_loss_scale = 1.0
-        """The trainer sets 1 / gradient-accumulation steps, the scale of each micro-batch's loss."""
+        """The trainer sets 1 / (micro-batches x accumulation steps), the scale of each forward batch's loss."""
+        self.aux_loss_group = None
+        """The context-parallel group, whose ranks hold the rest of each sequence (see load_balancing_loss)."""
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
@@ -214,8 +225,8 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
-            coef = self.args.aux_loss_coef * self.aux_loss_scale
-            out_TD = _AuxLossGrad.apply(out_TD, coef * load_balancing_loss(scores_TE, experts_TK))
+            aux_loss = load_balancing_loss(scores_TE, experts_TK, self.aux_loss_group)
+            out_TD = _AuxLossGrad.apply(out_TD, self.args.aux_loss_coef * self.aux_loss_scale * aux_loss)
         return out_TD.view_as(x_BTD)
 
     def init_weights(self, init_std: float) -> None:
@@ -277,7 +288,8 @@ def expert_load_values(parts: list[nn.Module], group=None, pp_group=None) -> tup
     return list(stats), values
 
 
-def set_aux_loss_scale(parts: list[nn.Module], scale: float) -> None:
-    """Scales every MoE layer's balance loss as the trainer scales each micro-batch's loss."""
+def set_aux_loss_scale(parts: list[nn.Module], scale: float, group=None) -> None:
+    """Scales every MoE layer's balance loss as the trainer scales each forward batch's loss; `group`: the
+    context-parallel ranks, over which each sequence's balance is counted."""
     for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
-        moe.aux_loss_scale = scale
+        moe.aux_loss_scale, moe.aux_loss_group = scale, group
