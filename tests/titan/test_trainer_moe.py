@@ -1,7 +1,7 @@
 """MoE families in the real trainer: expert parallel over 2 ranks, pipeline parallel and context parallel (each
-alone and with expert parallel) give the one-process losses and gradient norms (fp32, 1e-5), metrics.jsonl carries
-the experts' load of every layer whichever stage holds it, and expert parallel on a model without experts is one
-error line."""
+alone and with expert parallel) and compiled blocks give the one-process eager losses and gradient norms (fp32,
+1e-5), metrics.jsonl carries the experts' load of every layer whichever stage holds it, and expert parallel on a
+model without experts is one error line."""
 
 import pytest
 
@@ -97,3 +97,31 @@ def test_context_parallel_matches_one_process(tmp_path, model):
     for name, layout in {"cp2": CP2, "cp2xep2": [*CP2, *EP2]}.items():
         run_train([*args, *layout, "--job.dump_folder", str(tmp_path / name)], nproc=2)
         assert_same_load(read_metrics(tmp_path / name), reference)
+
+
+COMPILED = ["--compile.enable", "--compile.components", "model"]
+
+
+# DeepSeek-V3 (MLA, dense and MoE blocks: two graphs) runs with -m slow: a minute more of tracing.
+@pytest.mark.parametrize("model", ["qwen3_moe", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
+def test_compiled_blocks_have_no_graph_break_and_train_like_eager(tmp_path, model):
+    """Each block is one graph (fullgraph): the expert counts, the per-expert split sizes of the fp32 path, the
+    expert-parallel all-to-all and, under activation checkpointing, the load count are all traced. aot_eager
+    (dynamo and AOT autograd, no code generation) keeps this fast; inductor is the slow test below."""
+    args = [*TINY, *CP_MODELS[model], "--training.steps", "3", "--training.global_batch_size", "4"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "eager")])
+    reference = read_metrics(tmp_path / "eager")
+    run_train([*args, *COMPILED, "--compile.backend", "aot_eager", "--job.dump_folder", str(tmp_path / "one")])
+    assert_same_load(read_metrics(tmp_path / "one"), reference)
+    run_train([*args, *COMPILED, "--compile.backend", "aot_eager", *EP2, "--activation_checkpoint.mode", "full",
+               "--job.dump_folder", str(tmp_path / "ep2")], nproc=2)
+    assert_same_load(read_metrics(tmp_path / "ep2"), reference)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_blocks_train_like_eager(tmp_path):
+    """Minutes on 2 loaded cores: inductor generates the MoE block's forward and backward on the CPU."""
+    args = [*TINY, *PP_MODELS["qwen3_moe"], "--training.steps", "3", "--training.global_batch_size", "4"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "eager")], timeout=600)
+    run_train([*args, *COMPILED, "--job.dump_folder", str(tmp_path / "inductor")], timeout=900)
+    assert_same_load(read_metrics(tmp_path / "inductor"), read_metrics(tmp_path / "eager"))

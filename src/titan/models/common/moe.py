@@ -19,6 +19,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titan.models.common.decoder import FeedForward
 from titan.tools.cli import UserError
@@ -122,7 +123,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """x_ND: token copies sorted by expert, counts_E[e] of them for expert e, in order."""
         # Local experts under expert parallel; the compute dtype where FSDP's mixed precision does not cast them.
-        w1, w2, w3 = ((w.to_local() if hasattr(w, "to_local") else w).to(x_ND.dtype)
+        w1, w2, w3 = ((w.to_local() if isinstance(w, DTensor) else w).to(x_ND.dtype)
                       for w in (self.w1, self.w2, self.w3))
         if self.use_grouped_mm and grouped_mm_supported(x_ND):
             offsets = counts_E.cumsum(0).to(torch.int32)
@@ -142,8 +143,9 @@ class GroupedExperts(nn.Module):
 
 
 def grouped_mm_supported(x: torch.Tensor) -> bool:
-    """torch._grouped_mm exists for float32 and bfloat16 on the CPU; on CUDA for bfloat16 from sm90 on."""
-    if not hasattr(torch, "_grouped_mm"):
+    """torch._grouped_mm exists for float32 and bfloat16 on the CPU; on CUDA for bfloat16 from sm90 on. Compiled,
+    bfloat16 only: the meta function torch.compile traces it with refuses other dtypes."""
+    if not hasattr(torch, "_grouped_mm") or torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
         return False
     if x.device.type == "cpu":
         return x.dtype in (torch.float32, torch.bfloat16)
@@ -176,6 +178,13 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.ones_like(aux_loss)
 
 
+def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Token copies routed to each expert; a scatter, not bincount, whose output size depends on the data (a graph
+    break under torch.compile)."""
+    experts_N = experts_TK.flatten()
+    return experts_N.new_zeros(num_experts).scatter_add_(0, experts_N, torch.ones_like(experts_N))
+
+
 def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor, group=None) -> torch.Tensor:
     """Switch Transformer's balance loss as Qwen3-MoE computes it for one layer: E * sum_e f_e * P_e, with f_e the
     share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e.
@@ -184,7 +193,7 @@ def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor, group
     tokens, and P_e this rank's part of their mean times the group size, since data parallel averages the ranks'
     gradients: the average is the gradient of the whole sequences' loss."""
     num_experts = scores_TE.shape[-1]
-    counts_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype)
+    counts_E = expert_counts(experts_TK, num_experts).to(scores_TE.dtype)
     if group is not None:
         counts_E = funcol.all_reduce(counts_E, "sum", group)
         counts_E = counts_E / torch.distributed.get_world_size(group)
@@ -210,10 +219,11 @@ class MoE(nn.Module):
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         weights_TK, experts_TK, scores_TE = self.router(x_TD)
-        counts_E = torch.bincount(experts_TK.flatten(), minlength=self.args.num_experts)
-        if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute inside backward
+        counts_E = expert_counts(experts_TK, self.args.num_experts)
+        # Not an activation-checkpoint recompute inside backward (compiled, checkpointing recomputes in the graph).
+        if torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1:
             with torch.no_grad():
-                self.tokens_per_expert += counts_E
+                self.tokens_per_expert.add_(counts_E)
         # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
         order_N = experts_TK.flatten().argsort(stable=True)
         token_N = order_N // self.args.top_k

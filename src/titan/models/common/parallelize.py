@@ -75,7 +75,6 @@ def check_sparse_decoder_layout(args, parallel_dims, job_config) -> None:
     """The layout rule of decoders with experts or latent attention, which train with FSDP/HSDP and expert parallel
     only: tensor, pipeline and context parallel, compile and float8 with them are not built yet."""
     off = [k for k, on in (("tensor", parallel_dims.tp_enabled),
-                           ("compile", job_config.compile.enable),
                            ("float8", job_config.float8.enable)) if on]
     if off:
         raise UserError(f"{type(args).__name__} (experts or latent attention) trains with FSDP/HSDP and expert "
