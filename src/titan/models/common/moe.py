@@ -78,6 +78,7 @@ class TopKRouter(nn.Module):
         super().__init__()
         self.args = args
         self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        self.gate.keep_high_precision = True  # float8 training leaves it alone (titan.quantization.float8)
         # Selection bias (HF e_score_correction_bias): shifts which experts are chosen, never the weights.
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=args.score_func == "sigmoid")
 

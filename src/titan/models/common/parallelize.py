@@ -72,10 +72,8 @@ def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Modul
 
 
 def check_sparse_decoder_layout(args, parallel_dims, job_config) -> None:
-    """The layout rule of decoders with experts or latent attention, which train with FSDP/HSDP and expert parallel
-    only: tensor, pipeline and context parallel, compile and float8 with them are not built yet."""
-    off = [k for k, on in (("tensor", parallel_dims.tp_enabled),
-                           ("float8", job_config.float8.enable)) if on]
-    if off:
-        raise UserError(f"{type(args).__name__} (experts or latent attention) trains with FSDP/HSDP and expert "
-                        f"parallel; {', '.join(off)} parallelism or option with it is not built yet: drop it")
+    """The layout rule of decoders with experts or latent attention: tensor parallel with them is not built yet
+    (FSDP/HSDP, expert, pipeline and context parallel, compile and float8 are)."""
+    if parallel_dims.tp_enabled:
+        raise UserError(f"{type(args).__name__} (experts or latent attention) trains with FSDP/HSDP and expert, "
+                        "pipeline and context parallel; tensor parallelism with it is not built yet: drop it")

@@ -1,5 +1,6 @@
 """The decoder's layout rules refuse what its parallelization cannot shard (tied embeddings under TP/PP, heads TP
-does not divide) naming the fix; on one rank it applies only what the config asks (here: checkpointing)."""
+does not divide; with experts or latent attention, TP) naming the fix; on one rank it applies only what the config
+asks (here: checkpointing)."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -10,7 +11,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from titan.config import parse_args
-from titan.models.common.parallelize import check_decoder_layout, parallelize_decoder
+from titan.models.common.parallelize import check_decoder_layout, check_sparse_decoder_layout, parallelize_decoder
+from titan.models.deepseek_v3 import deepseek_v3_flavors
 from titan.models.llama3 import Transformer, llama3_flavors
 from titan.tools.cli import UserError
 
@@ -41,3 +43,11 @@ def test_one_rank_gets_only_the_checkpointing_it_asked_for():
     assert parallelize_decoder(model, dims(), parse_args(["--activation_checkpoint.mode", "full"])) is model
     assert all(isinstance(block, CheckpointWrapper) for block in model.layers.values())
     assert all(type(p) is nn.Parameter for p in model.parameters())  # no DTensor: neither TP nor FSDP
+
+
+def test_sparse_decoders_take_every_layout_and_option_but_tensor_parallel():
+    args = deepseek_v3_flavors["debug"]
+    others = parse_args(["--compile.enable", "--float8.enable"])
+    check_sparse_decoder_layout(args, SimpleNamespace(tp_enabled=False, pp_enabled=True, cp_enabled=True), others)
+    with pytest.raises(UserError, match="ModelArgs .* tensor parallelism with it is not built yet: drop it"):
+        check_sparse_decoder_layout(args, dims(tp=2), parse_args([]))
