@@ -221,8 +221,9 @@ class MoE(nn.Module):
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         weights_TK, experts_TK, scores_TE = self.router(x_TD)
         counts_E = expert_counts(experts_TK, self.args.num_experts)
-        # Not an activation-checkpoint recompute inside backward (compiled, checkpointing recomputes in the graph).
-        if torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1:
+        # Training only (validation must not move the balance), and not an activation-checkpoint recompute inside
+        # backward (compiled, checkpointing recomputes in the graph).
+        if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
             with torch.no_grad():
                 self.tokens_per_expert.add_(counts_E)
         # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
