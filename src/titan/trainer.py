@@ -33,7 +33,7 @@ from titan.distributed.comm_stats import counted_step
 from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
 from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
-from titan.models.common.moe import expert_load_values, set_aux_loss_scale
+from titan.models.common.moe import expert_load_values
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point
@@ -77,7 +77,6 @@ class Trainer:
         self.model_args = resolve_model_args(self.spec, job_config, inputs.model_args, self.tokenizer)
         dp = self.parallel_dims.dp_degree
         self._build_model_parts(inputs.initial_state_dict, world_size)
-        set_aux_loss_scale(self.model_parts, 1 / self.grad_accum_steps)
         self.optimizers = [build_optimizer(part, job_config.optimizer) for part in self.model_parts]
         self.lr_schedulers = [build_lr_scheduler(opt, job_config.lr_scheduler, job_config.training.steps)
                               for opt in self.optimizers]
@@ -107,6 +106,9 @@ class Trainer:
                                         world_size, initial_state_dict)
         self.model_parts = built.parts
         self.num_params, self.flops_per_token = built.num_params, built.flops_per_token
+        # Every pipeline rank of a model with experts reports their load (a stage may hold dense blocks only).
+        self.moe_pp_group = (self.parallel_dims.world_mesh["pp"].get_group()
+                             if built.has_experts and self.parallel_dims.pp_enabled else None)
         self.forward = ForwardPath(built.parts, built.placement, self.parallel_dims, cfg, self.device,
                                    compile_loss(self.spec.loss_fn, cfg.compile), self.spec.metrics_fn,
                                    self.grad_accum_steps, TORCH_DTYPES[cfg.training.mixed_precision_param])
@@ -170,9 +172,10 @@ class Trainer:
         if self.config.float8.enable_fsdp_float8_all_gather:
             for part in self.model_parts:
                 precompute_float8_scales(part)
-        # MoE: token counts summed over the ranks that see other tokens (each TP rank its sequence shard).
+        # MoE: token counts summed over the ranks that see other tokens (each TP rank its sequence shard), biases moved.
         dp = self.parallel_dims.submesh("dp_cp_tp" if self.parallel_dims.tp_enabled else "dp_cp")
-        moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None)
+        moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None,
+                                                   self.moe_pp_group)
         device_values = torch.cat([moe_values.to(self.device), reduced.double(), grad_norm.reshape(1).double(),
                                    self.nonfinite.state.double()])
         return {"tokens": tokens, "names": names, "moe_names": moe_names, "device_values": device_values}

@@ -1,6 +1,7 @@
-"""MoE families in the real trainer: expert parallel over 2 ranks, and expert x tensor parallel over 4, give the
-one-process losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load, and expert parallel on
-a model without experts is one error line."""
+"""MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 4, pipeline
+parallel and context parallel (each alone and with expert parallel) and compiled blocks give the one-process eager
+losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of every layer whichever stage holds
+it, and expert parallel on a model without experts is one error line."""
 
 import pytest
 
@@ -41,3 +42,99 @@ def test_expert_parallel_without_experts_is_one_error_line(tmp_path):
                      nproc=2, check=False)
     assert proc.returncode != 0
     assert "error: parallelism.expert_parallel_degree 2 needs a model with experts" in proc.stderr
+
+
+# A strong balance loss (Qwen3-MoE) and bias step (DeepSeek-V3), so that a wrong scale or update shows; DeepSeek-V3's
+# two dense blocks fill the first stage of a 1F1B pipeline, which then holds no MoE layer.
+PP_MODELS = {"qwen3_moe": [*MOE_MODELS["qwen3_moe"], "--model.aux_loss_coef", "0.5"],
+             "deepseek_v3": [*MOE_MODELS["deepseek_v3"], "--model.n_dense_layers", "2",
+                             "--model.bias_update_rate", "0.01"]}
+PP_STEPS = [*STEPS, "--model.n_layers", "4"]
+
+
+@pytest.fixture(scope="module")
+def one_sequence_batches(module_tmp_path):
+    """The one-process runs: 4 accumulation steps of one sequence, the micro-batches of the pipeline runs (the
+    balance loss is one of each forward batch, so the split matters)."""
+    runs = {}
+    for model, args in PP_MODELS.items():
+        folder = module_tmp_path / f"{model}_one"
+        run_train([*TINY, *args, *PP_STEPS, "--training.local_batch_size", "1", "--job.dump_folder", str(folder)])
+        runs[model] = read_metrics(folder)
+    return runs
+
+
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+EP2 = ["--parallelism.expert_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize("model, nproc, layout", [
+    ("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    ("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("qwen3_moe", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
+    ("deepseek_v3", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    pytest.param("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "GPipe"], marks=pytest.mark.slow),
+    pytest.param("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"],
+                 marks=pytest.mark.slow),
+], ids=["qwen3_moe-pp2-1f1b", "deepseek_v3-pp2-interleaved", "qwen3_moe-pp2xep2-interleaved",
+        "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
+def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
+    # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
+    run_train([*TINY, *PP_MODELS[model], *PP_STEPS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    assert_same_load(read_metrics(tmp_path), one_sequence_batches[model])
+
+
+def assert_same_load(records, reference):
+    assert_same_run(records, reference)
+    for got, want in zip(records, reference):
+        # Summed over micro-batches and data-parallel ranks, min and max over every stage's layers.
+        assert (got["moe_tokens_min"], got["moe_tokens_max"]) == (want["moe_tokens_min"], want["moe_tokens_max"])
+        assert got["moe_imbalance"] == pytest.approx(want["moe_imbalance"])
+
+
+# Context parallel: the balance loss counts each whole sequence over the cp ranks; DeepSeek-V3's MLA (qk head dim
+# 48, v head dim 32) with YaRN, whose rope table is sharded like the dense decoder's.
+CP_MODELS = {"qwen3_moe": PP_MODELS["qwen3_moe"],
+             "deepseek_v3": [*PP_MODELS["deepseek_v3"], "--model.n_dense_layers", "1", "--model.rope_factor", "4",
+                             "--model.rope_original_max_seq_len", "16", "--model.rope_mscale", "1",
+                             "--model.rope_mscale_all_dim", "1"]}
+CP2 = ["--parallelism.context_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize("model", CP_MODELS)
+def test_context_parallel_matches_one_process(tmp_path, model):
+    args = [*TINY, *CP_MODELS[model], "--training.steps", "3", "--training.global_batch_size", "2"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "one")])
+    reference = read_metrics(tmp_path / "one")
+    # Expert parallel borrows the cp ranks: each holds half of the experts and a half of every sequence.
+    for name, layout in {"cp2": CP2, "cp2xep2": [*CP2, *EP2]}.items():
+        run_train([*args, *layout, "--job.dump_folder", str(tmp_path / name)], nproc=2)
+        assert_same_load(read_metrics(tmp_path / name), reference)
+
+
+COMPILED = ["--compile.enable", "--compile.components", "model"]
+
+
+# DeepSeek-V3 (MLA, dense and MoE blocks: two graphs) runs with -m slow: a minute more of tracing.
+@pytest.mark.parametrize("model", ["qwen3_moe", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
+def test_compiled_blocks_have_no_graph_break_and_train_like_eager(tmp_path, model):
+    """Each block is one graph (fullgraph): the expert counts, the per-expert split sizes of the fp32 path, the
+    expert-parallel all-to-all and, under activation checkpointing, the load count are all traced. aot_eager
+    (dynamo and AOT autograd, no code generation) keeps this fast; inductor is the slow test below."""
+    args = [*TINY, *CP_MODELS[model], "--training.steps", "3", "--training.global_batch_size", "4"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "eager")])
+    reference = read_metrics(tmp_path / "eager")
+    run_train([*args, *COMPILED, "--compile.backend", "aot_eager", "--job.dump_folder", str(tmp_path / "one")])
+    assert_same_load(read_metrics(tmp_path / "one"), reference)
+    run_train([*args, *COMPILED, "--compile.backend", "aot_eager", *EP2, "--activation_checkpoint.mode", "full",
+               "--job.dump_folder", str(tmp_path / "ep2")], nproc=2)
+    assert_same_load(read_metrics(tmp_path / "ep2"), reference)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_blocks_train_like_eager(tmp_path):
+    """Minutes on 2 loaded cores: inductor generates the MoE block's forward and backward on the CPU."""
+    args = [*TINY, *PP_MODELS["qwen3_moe"], "--training.steps", "3", "--training.global_batch_size", "4"]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "eager")], timeout=600)
+    run_train([*args, *COMPILED, "--job.dump_folder", str(tmp_path / "inductor")], timeout=900)
+    assert_same_load(read_metrics(tmp_path / "inductor"), read_metrics(tmp_path / "eager"))

@@ -11,6 +11,7 @@ from torch import nn
 
 from titan.distributed.pipeline import build_schedule, microbatch_count
 from titan.distributed.utils import autocast_context, cp_context, loss_parallel_context, replicated_value
+from titan.models.common.moe import set_aux_loss_scale
 
 
 class ForwardPath:
@@ -28,12 +29,15 @@ class ForwardPath:
         sharded = parallel_dims.fsdp_enabled or parallel_dims.dp_replicate_enabled
         self.autocast = lambda: autocast_context(device, sharded, autocast_dtype)
         self.schedule = None
+        # Gradients sum over microbatches and accumulation steps: each microbatch loss is scaled to get their mean,
+        # and so is a MoE layer's balance loss, one of each forward batch.
+        self.loss_scale = grad_accum_steps * (microbatch_count(job_config) if placement is not None else 1)
+        set_aux_loss_scale(parts, 1 / self.loss_scale,
+                           parallel_dims.world_mesh["cp"].get_group() if parallel_dims.cp_enabled else None)
         if placement is not None:
-            # Gradients sum over microbatches and accumulation steps: each microbatch loss is scaled to get their mean.
-            self.pp_loss_scale = microbatch_count(job_config) * grad_accum_steps
             self.schedule = build_schedule(parts, placement.stage_ids, placement.num_stages, parallel_dims,
                                            job_config, device, lambda pred, labels: loss_fn(pred, labels)
-                                           / self.pp_loss_scale)
+                                           / self.loss_scale)
 
     def _sharded(self, inputs: torch.Tensor, labels: torch.Tensor):
         """Context parallel shards `inputs` and `labels` in place for the block; loss parallel around it."""
@@ -49,7 +53,7 @@ class ForwardPath:
                 target=labels if self.placement.has_last else None, losses=losses)
         if not self.placement.has_last:
             return torch.zeros((), device=self.device)
-        return torch.stack([replicated_value(x.detach()) for x in losses]).mean().float() * self.pp_loss_scale
+        return torch.stack([replicated_value(x.detach()) for x in losses]).mean().float() * self.loss_scale
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

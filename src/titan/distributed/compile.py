@@ -13,6 +13,9 @@ from titan.tools.logging import logger
 def apply_compile(model: nn.Module, compile_config) -> None:
     if not (compile_config.enable and "model" in compile_config.components):
         return
+    # Host values inside a block (a MoE's tokens per expert, which split its sorted tokens where no grouped GEMM
+    # runs) are traced as unbacked sizes, not graph breaks, which fullgraph would refuse.
+    torch._dynamo.config.capture_scalar_outputs = True
     for name, block in list(model.layers.named_children()):
         model.layers.register_module(name, torch.compile(block, backend=compile_config.backend, fullgraph=True))
     logger.info(f"compiled {len(model.layers)} blocks with torch.compile({compile_config.backend})")

@@ -7,7 +7,7 @@ copies travel to their expert's rank and back by all-to-all with variable splits
 
 The experts' weights become DTensors sharded on the expert dim (Shard(0)), so optimizers, gradient clipping and
 DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
-hooks around each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
+a wrapper of each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
 output in the same order do not change. The router and shared experts stay replicated; their gradients are
 summed over the ranks by data parallel, as for any replicated weight. Under tensor parallel the expert group is the
 ranks of one TP rank (each TP rank dispatches its own sequence shard), and apply_moe_data_parallel makes each MoE
@@ -38,21 +38,21 @@ from titan.tools.logging import logger
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPMoE\) returned a view tensor")
 
 
-class _Dispatch:
-    """The hooks of one GroupedExperts: the pre-hook sends token copies to their experts' ranks and regroups them by
-    local expert; the forward hook undoes both. Calls alternate strictly, so one saved state is enough."""
+class _ExpertParallelForward:
+    """A GroupedExperts' forward under expert parallel: token copies go to their experts' ranks, regrouped by local
+    expert, through the local experts, and back in their order. One call holds all of its state: no side effect
+    for torch.compile to refuse (in an activation-checkpointed block, say)."""
 
-    def __init__(self, mesh: DeviceMesh):
+    def __init__(self, local_forward, mesh: DeviceMesh):
+        self.local_forward = local_forward
         self.group = mesh.get_group()
         self.ep = mesh.size()
-        self.state = None
 
     # Each rank's loss is a mean over its own tokens, and data parallel averages gradients over the ranks; an
     # expert's gradient instead sums the expert group's tokens over the all-to-all. So the gradient into the
     # experts is divided by the group size, and the one back to the tokens multiplied again.
 
-    def pre_hook(self, module: nn.Module, args: tuple) -> tuple:
-        x_ND, counts_E = args
+    def __call__(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         counts_RL = counts_E.view(self.ep, -1)  # copies this rank sends to each rank's local experts
         received_RL = torch.empty_like(counts_RL)
         dist.all_to_all_single(received_RL, counts_RL, group=self.group)
@@ -63,12 +63,7 @@ class _Dispatch:
         expert_M = torch.repeat_interleave(torch.arange(local, device=x_ND.device).repeat(self.ep),
                                            received_RL.flatten())
         order_M = expert_M.argsort(stable=True)
-        self.state = (send, recv, order_M)
-        return _ScaleGrad.apply(x_MD, float(self.ep))[order_M], received_RL.sum(dim=0)
-
-    def hook(self, module: nn.Module, args: tuple, y_MD: torch.Tensor) -> torch.Tensor:
-        send, recv, order_M = self.state
-        self.state = None
+        y_MD = self.local_forward(_ScaleGrad.apply(x_MD, float(self.ep))[order_M], received_RL.sum(dim=0))
         unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), _ScaleGrad.apply(y_MD, 1.0 / self.ep))
         return funcol.wait_tensor(funcol.all_to_all_single_autograd(unsorted_MD, send, recv, self.group))
 
@@ -96,9 +91,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> int:
         for name, param in list(experts.named_parameters(recurse=False)):
             experts.register_parameter(name, nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
                                                           requires_grad=param.requires_grad))
-        dispatch = _Dispatch(ep_mesh)
-        experts.register_forward_pre_hook(dispatch.pre_hook)
-        experts.register_forward_hook(dispatch.hook)
+        experts.forward = _ExpertParallelForward(experts.forward, ep_mesh)
     return len(layers)
 
 

@@ -215,11 +215,11 @@ def _tp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) 
 def _cp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) -> None:
     # Context parallel (torch's all-gather rotation): K and V (repeated to all query heads before SDPA) are
     # gathered in forward, again in backward and for fully recomputed blocks, and backward exchanges dK and dV
-    # in fp32 (two calls); it overlaps the attention kernels.
-    a = lay.args
+    # in fp32 (two calls); it overlaps the attention kernels. Latent attention pads K and V to one head width.
     if lay.dims.cp == 1:
         return
-    kv = 2 * lay.microbatch_seqs * lay.seq_len * (a.n_heads // lay.dims.tp) * a.head_dim * lay.param_bytes
+    heads, qk, v = attention_dims(lay.args)
+    kv = 2 * lay.microbatch_seqs * lay.seq_len * (heads // lay.dims.tp) * max(qk, v) * lay.param_bytes
     blocks = sum(len(p.layers) for p in info.parts)
     kv_calls, grad_calls = 2 * blocks + sum(p.full_ac_blocks for p in info.parts), 2 * blocks
     ring_bytes = kv_calls * kv + grad_calls * kv / 2 * 4 / lay.param_bytes

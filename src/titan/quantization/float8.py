@@ -290,8 +290,9 @@ def precompute_float8_scales(model: nn.Module) -> None:
 
 def is_float8_eligible(fqn: str, linear: nn.Linear, filter_fqns: tuple[str, ...] | list[str] = ("output",)) -> bool:
     """Layers whose name contains one of `filter_fqns` stay high precision (by default the output layer, whose
-    logits feed the loss directly); small or odd dims cannot use the float8 kernels."""
-    if any(f in fqn for f in filter_fqns):
+    logits feed the loss directly), and so do those their model marks `keep_high_precision` (a MoE router's gate:
+    float8 logits would flip close top-k choices); small or odd dims cannot use the float8 kernels."""
+    if any(f in fqn for f in filter_fqns) or getattr(linear, "keep_high_precision", False):
         return False
     return linear.in_features % FP8_ALIGNMENT == 0 and linear.out_features % FP8_ALIGNMENT == 0
 

@@ -53,7 +53,11 @@ class CausalAttention(nn.Module):
         self.scale = scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        # Flash kernels (the CPU's among them, so context parallel's ring too) take one head size for q, k and v:
+        # zeros pad the narrower ones (q.k and the scale unchanged) and are cut from the output.
+        v_width, width = v.shape[-1], max(q.shape[-1], v.shape[-1])
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)[..., :v_width]
 
 
 class MLA(nn.Module):

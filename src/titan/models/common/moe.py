@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titan.models.common.decoder import FeedForward
 from titan.tools.cli import UserError
@@ -78,6 +80,7 @@ class TopKRouter(nn.Module):
         super().__init__()
         self.args = args
         self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        self.gate.keep_high_precision = True  # float8 training leaves it alone (titan.quantization.float8)
         # Selection bias (HF e_score_correction_bias): shifts which experts are chosen, never the weights.
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=args.score_func == "sigmoid")
 
@@ -123,7 +126,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """x_ND: token copies sorted by expert, counts_E[e] of them for expert e, in order."""
         # Local experts under expert parallel; the compute dtype where FSDP's mixed precision does not cast them.
-        w1, w2, w3 = ((w.to_local() if hasattr(w, "to_local") else w).to(x_ND.dtype)
+        w1, w2, w3 = ((w.to_local() if isinstance(w, DTensor) else w).to(x_ND.dtype)
                       for w in (self.w1, self.w2, self.w3))
         if self.use_grouped_mm and grouped_mm_supported(x_ND):
             offsets = counts_E.cumsum(0).to(torch.int32)
@@ -143,8 +146,9 @@ class GroupedExperts(nn.Module):
 
 
 def grouped_mm_supported(x: torch.Tensor) -> bool:
-    """torch._grouped_mm exists for float32 and bfloat16 on the CPU; on CUDA for bfloat16 from sm90 on."""
-    if not hasattr(torch, "_grouped_mm"):
+    """torch._grouped_mm exists for float32 and bfloat16 on the CPU; on CUDA for bfloat16 from sm90 on. Compiled,
+    bfloat16 only: the meta function torch.compile traces it with refuses other dtypes."""
+    if not hasattr(torch, "_grouped_mm") or torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
         return False
     if x.device.type == "cpu":
         return x.dtype in (torch.float32, torch.bfloat16)
@@ -177,11 +181,26 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.ones_like(aux_loss)
 
 
-def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor) -> torch.Tensor:
+def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Token copies routed to each expert; a scatter, not bincount, whose output size depends on the data (a graph
+    break under torch.compile)."""
+    experts_N = experts_TK.flatten()
+    return experts_N.new_zeros(num_experts).scatter_add_(0, experts_N, torch.ones_like(experts_N))
+
+
+def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor, group=None) -> torch.Tensor:
     """Switch Transformer's balance loss as Qwen3-MoE computes it for one layer: E * sum_e f_e * P_e, with f_e the
-    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e."""
+    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e.
+
+    `group`: the ranks holding the rest of these sequences (context parallel). f_e is then that of all their
+    tokens, and P_e this rank's part of their mean times the group size, since data parallel averages the ranks'
+    gradients: the average is the gradient of the whole sequences' loss."""
     num_experts = scores_TE.shape[-1]
-    f_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype) / scores_TE.shape[0]
+    counts_E = expert_counts(experts_TK, num_experts).to(scores_TE.dtype)
+    if group is not None:
+        counts_E = funcol.all_reduce(counts_E, "sum", group)
+        counts_E = counts_E / torch.distributed.get_world_size(group)
+    f_E = counts_E / scores_TE.shape[0]
     return num_experts * (f_E * scores_TE.mean(dim=0)).sum()
 
 
@@ -196,15 +215,19 @@ class MoE(nn.Module):
         # Routed token copies per expert since the last expert_load_step: the balancing bias and the metrics read it.
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
         self.aux_loss_scale = 1.0
-        """The trainer sets 1 / gradient-accumulation steps, the scale of each micro-batch's loss."""
+        """The trainer sets 1 / (micro-batches x accumulation steps), the scale of each forward batch's loss."""
+        self.aux_loss_group = None
+        """The context-parallel group, whose ranks hold the rest of each sequence (see load_balancing_loss)."""
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
         weights_TK, experts_TK, scores_TE = self.router(x_TD)
-        counts_E = torch.bincount(experts_TK.flatten(), minlength=self.args.num_experts)
-        if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute inside backward
+        counts_E = expert_counts(experts_TK, self.args.num_experts)
+        # Training only (validation must not move the balance), and not an activation-checkpoint recompute inside
+        # backward (compiled, checkpointing recomputes in the graph).
+        if self.training and (torch.compiler.is_compiling() or torch._C._current_graph_task_id() == -1):
             with torch.no_grad():
-                self.tokens_per_expert += counts_E
+                self.tokens_per_expert.add_(counts_E)
         # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
         order_N = experts_TK.flatten().argsort(stable=True)
         token_N = order_N // self.args.top_k
@@ -216,8 +239,8 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
-            coef = self.args.aux_loss_coef * self.aux_loss_scale
-            out_TD = _AuxLossGrad.apply(out_TD, coef * load_balancing_loss(scores_TE, experts_TK))
+            aux_loss = load_balancing_loss(scores_TE, experts_TK, self.aux_loss_group)
+            out_TD = _AuxLossGrad.apply(out_TD, self.args.aux_loss_coef * self.aux_loss_scale * aux_loss)
         return out_TD.view_as(x_BTD)
 
     def init_weights(self, init_std: float) -> None:
@@ -235,38 +258,53 @@ class MoE(nn.Module):
             self.router.expert_bias.zero_()
 
 
+LOAD_METRICS = ("moe_tokens_min", "moe_tokens_max", "moe_imbalance")
+
+
 @torch.no_grad()
-def expert_load_step(model: nn.Module, group=None) -> dict[str, torch.Tensor]:
+def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=None) -> dict[str, torch.Tensor]:
     """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that see other
     tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves
     DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen (tokens per
     expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d tensors on the
-    device, read by the host only when it logs. Nothing when the model has no MoE layer."""
-    layers = [m for m in model.modules() if isinstance(m, MoE)]
-    if not layers:
+    device, read by the host only when it logs. `model`: a model or a rank's pipeline stages;
+    `pp_group`: the pipeline ranks, whose stages hold the other layers (the model has experts, so every stage takes
+    part, one without MoE layers too). Nothing when there is no MoE layer and no pipeline."""
+    parts = model if isinstance(model, list) else [model]
+    layers = [m for part in parts for m in part.modules() if isinstance(m, MoE)]
+    if not layers and pp_group is None:
         return {}
-    counts_LE = torch.stack([m.tokens_per_expert for m in layers])
-    if group is not None:
-        torch.distributed.all_reduce(counts_LE, group=group)
-    for moe, counts_E in zip(layers, counts_LE):
-        if moe.args.bias_update_rate:
-            bias = moe.router.expert_bias
-            bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
-        moe.tokens_per_expert.zero_()
-    mean_L = counts_LE.mean(dim=1).clamp(min=1)
-    return {"moe_tokens_min": counts_LE.min(), "moe_tokens_max": counts_LE.max(),
-            "moe_imbalance": (counts_LE.max(dim=1).values / mean_L).max()}
+    if layers:
+        counts_LE = torch.stack([m.tokens_per_expert for m in layers])
+        if group is not None:
+            torch.distributed.all_reduce(counts_LE, group=group)
+        for moe, counts_E in zip(layers, counts_LE):
+            if moe.args.bias_update_rate:
+                bias = moe.router.expert_bias
+                bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
+            moe.tokens_per_expert.zero_()
+        mean_L = counts_LE.mean(dim=1).clamp(min=1)
+        # -min, so that one MAX all-reduce combines the stages' three values.
+        stats = torch.stack([-counts_LE.min(), counts_LE.max(), (counts_LE.max(dim=1).values / mean_L).max()])
+    else:  # a stage of dense blocks: the identity of each MAX
+        device = next(b.device for part in parts for b in (*part.parameters(), *part.buffers()))
+        stats = torch.tensor([-torch.inf, 0.0, 0.0], device=device)
+    if pp_group is not None:
+        stats = stats.double()
+        torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX, group=pp_group)
+    return dict(zip(LOAD_METRICS, (-stats[0], stats[1], stats[2])))
 
 
-def expert_load_values(parts: list[nn.Module], group=None) -> tuple[list[str], torch.Tensor]:
-    """expert_load_step over a model's parts: the metric names and their values as one float64 device tensor
+def expert_load_values(parts: list[nn.Module], group=None, pp_group=None) -> tuple[list[str], torch.Tensor]:
+    """expert_load_step over a rank's model parts: the metric names and their values as one float64 device tensor
     (empty without MoE layers)."""
-    stats = {k: v for part in parts for k, v in expert_load_step(part, group).items()}
+    stats = expert_load_step(parts, group, pp_group)
     values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
     return list(stats), values
 
 
-def set_aux_loss_scale(parts: list[nn.Module], scale: float) -> None:
-    """Scales every MoE layer's balance loss as the trainer scales each micro-batch's loss."""
+def set_aux_loss_scale(parts: list[nn.Module], scale: float, group=None) -> None:
+    """Scales every MoE layer's balance loss as the trainer scales each forward batch's loss; `group`: the
+    context-parallel ranks, over which each sequence's balance is counted."""
     for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
-        moe.aux_loss_scale = scale
+        moe.aux_loss_scale, moe.aux_loss_group = scale, group

@@ -116,14 +116,3 @@ def parallelize_decoder(model: nn.Module, parallel_dims, job_config) -> nn.Modul
     """The engine's parallelization (titan.distributed.parallelize) with the decoder's TP plan."""
     return parallelize(model, parallel_dims, job_config, apply_tp)
 
-
-def check_sparse_decoder_layout(args, parallel_dims, job_config) -> None:
-    """The layout rule of decoders with experts or latent attention, which train with FSDP/HSDP, tensor and expert
-    parallel only: pipeline and context parallel, compile and float8 with them are not built yet."""
-    check_decoder_layout(args, parallel_dims, job_config)
-    off = [k for k, on in (("pipeline", parallel_dims.pp_enabled),
-                           ("context", parallel_dims.cp_enabled), ("compile", job_config.compile.enable),
-                           ("float8", job_config.float8.enable)) if on]
-    if off:
-        raise UserError(f"{type(args).__name__} (experts or latent attention) trains with FSDP/HSDP, tensor and "
-                        f"expert parallel; {', '.join(off)} parallelism or option with it is not built yet: drop it")

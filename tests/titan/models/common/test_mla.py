@@ -20,10 +20,10 @@ YARN_NO_MSCALE = {k: v for k, v in YARN.items() if k != "mscale"}  # mscale_all_
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
-def _config(q_lora_rank, rope):
+def _config(q_lora_rank, rope, v_head_dim=12):
     return transformers.DeepseekV3Config(hidden_size=DIM, num_attention_heads=4, num_key_value_heads=4,
                                          q_lora_rank=q_lora_rank, kv_lora_rank=24, qk_nope_head_dim=8,
-                                         qk_rope_head_dim=16, v_head_dim=12, max_position_embeddings=640,
+                                         qk_rope_head_dim=16, v_head_dim=v_head_dim, max_position_embeddings=640,
                                          rope_parameters=dict(rope), attn_implementation="eager")
 
 
@@ -51,17 +51,19 @@ def test_yarn_table_is_transformers_rotary_embedding(rope):
     torch.testing.assert_close(table[..., 1], sin[0, :, :8].float(), rtol=0, atol=0)
 
 
+# Values narrower or wider than the query/key heads (24): the kernel sees one size, padded with zeros.
+@pytest.mark.parametrize("v_head_dim", [12, 40], ids=["v-narrower", "v-wider"])
 @pytest.mark.parametrize("q_lora_rank", [None, 20], ids=["q-full", "q-lora"])
 @pytest.mark.parametrize("rope", [YARN, YARN_NO_MSCALE, ROPE], ids=["yarn", "yarn-no-mscale", "rope"])
-def test_mla_matches_transformers_deepseek_v3_attention(q_lora_rank, rope):
-    cfg = _config(q_lora_rank, rope)
+def test_mla_matches_transformers_deepseek_v3_attention(q_lora_rank, rope, v_head_dim):
+    cfg = _config(q_lora_rank, rope, v_head_dim)
     theirs = DeepseekV3Attention(cfg, layer_idx=0).to(torch.float64)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in theirs.parameters():
             p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * 0.2)
     ours = MLA(DIM, MLAArgs(n_heads=4, q_lora_rank=q_lora_rank or 0, kv_lora_rank=24, qk_nope_head_dim=8,
-                            qk_rope_head_dim=16, v_head_dim=12), _yarn(rope)).to(torch.float64)
+                            qk_rope_head_dim=16, v_head_dim=v_head_dim), _yarn(rope)).to(torch.float64)
     names = {"wkv_a": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "wkv_b": "kv_b_proj", "wo": "o_proj",
              "wq": "q_proj", "wq_a": "q_a_proj", "q_norm": "q_a_layernorm", "wq_b": "q_b_proj"}
     state = {k: theirs.state_dict()[names[k.split(".")[0]] + ".weight"] for k in ours.state_dict()}

@@ -191,3 +191,12 @@ def test_activation_checkpoint_recompute_does_not_count_tokens_twice():
     x = _inputs().requires_grad_()
     checkpoint(ours, x, use_reentrant=False).sum().backward()
     assert ours.tokens_per_expert.sum() == x.shape[0] * x.shape[1] * 3
+
+
+def test_evaluation_does_not_count_tokens():
+    """Validation between steps must not move the balancing biases."""
+    ours, _ = deepseek_pair()
+    ours.tokens_per_expert.zero_()
+    with torch.no_grad():
+        ours.eval()(_inputs())
+    assert ours.tokens_per_expert.sum() == 0

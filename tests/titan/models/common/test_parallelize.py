@@ -1,5 +1,6 @@
 """The decoder's layout rules refuse what its parallelization cannot shard (tied embeddings under TP/PP, heads TP
-does not divide) naming the fix; on one rank it applies only what the config asks (here: checkpointing)."""
+does not divide) naming the fix; on one rank it applies only what the config
+asks (here: checkpointing)."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from titan.config import parse_args
 from titan.models.common.parallelize import check_decoder_layout, parallelize_decoder
+from titan.models.deepseek_v3 import deepseek_v3_flavors
 from titan.models.llama3 import Transformer, llama3_flavors
 from titan.tools.cli import UserError
 
@@ -41,3 +43,11 @@ def test_one_rank_gets_only_the_checkpointing_it_asked_for():
     assert parallelize_decoder(model, dims(), parse_args(["--activation_checkpoint.mode", "full"])) is model
     assert all(isinstance(block, CheckpointWrapper) for block in model.layers.values())
     assert all(type(p) is nn.Parameter for p in model.parameters())  # no DTensor: neither TP nor FSDP
+
+
+def test_the_sparse_decoders_take_every_layout_and_option_their_heads_allow():
+    args = deepseek_v3_flavors["debug"]
+    options = parse_args(["--compile.enable", "--float8.enable"])
+    check_decoder_layout(args, SimpleNamespace(**vars(dims(tp=2, pp=2)), cp_enabled=True), options)
+    with pytest.raises(UserError, match=f"tensor_parallel_degree 3 must divide n_heads {args.n_heads}$"):
+        check_decoder_layout(args, dims(tp=3), options)
