@@ -27,6 +27,6 @@ def test_two_trees_side_by_side(tmp_path):
         # Step 2 is the one steady step (step 1 warms up, step 3 validates).
         assert r["tps_median"] == records[1]["tps"] and r["mfu_median"] == records[1]["mfu"]
         assert 0 < r["first_step_s"] < r["wall_s"]
-        # The default config's checkpoint: the newest only.
-        assert sorted(p.name for p in (out / r["name"] / "checkpoint").iterdir()) == ["step-3"]
+        # The default config's checkpoints.
+        assert sorted(p.name for p in (out / r["name"] / "checkpoint").iterdir()) == ["step-2", "step-3"]
     assert "1st step s" in proc.stdout
