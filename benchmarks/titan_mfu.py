@@ -9,7 +9,8 @@ interleaved, round by round, so load from other jobs hits them alike. The first 
 compiles); one more step per variant runs under torch.profiler for the breakdown (self time of each op, on the
 host's threads: the CPU's time, or on CUDA the time to queue). The peak is the best square-matmul rate in the
 run's compute dtype, measured before, between and after the rounds, at each thread count a variant uses
-(`--debug.threads`): MFU divides by the peak of the variant's own thread count.
+(`--debug.threads`): MFU divides by the peak of the variant's own thread count. The record names the CPU's bf16
+units (AMX, AVX512-BF16) that oneDNN had to run on.
 """
 
 from __future__ import annotations
@@ -148,10 +149,15 @@ def main() -> None:
                         "tps": c.tokens_per_step / step_s, "tflops": tflops,
                         "mfu": 100 * tflops / best_peak[c.peak_key], "breakdown_s": profiles.get(c.name, {})})
         c.trainer.close()
-    record = {"config": args.config, "device": str(device),
+    # Which bf16 units the peak and the matmuls ran on (oneDNN picks AMX tiles where the CPU has them).
+    cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported(),
+           "avx512_bf16": torch.cpu._is_avx512_bf16_supported()} if device.type == "cpu" else None
+    record = {"config": args.config, "device": str(device), "cpu": cpu,
               "peaks_tflops": [{"threads": t, "dtype": d, "best": best_peak[t, d], "measured": m}
                                for (t, d), m in peaks.items()],
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}
+    if cpu:
+        print(f"cpu: {cpu['capability']}, AMX {cpu['amx']}, AVX512-BF16 {cpu['avx512_bf16']}")
     for (threads, dtype), measured in peaks.items():
         print(f"{args.config} on {device}, {threads} threads: {dtype} matmul peak {best_peak[threads, dtype]:.3f} "
               f"TFLOP/s (best of {', '.join(f'{p:.3f}' for p in measured)})")
