@@ -7,8 +7,10 @@ time goes per op class (attention, matmuls, norms, loss, optimizer, copies, elem
 Each variant is the config with its overrides (the first, `base`, has none unless given); the variants' steps run
 interleaved, round by round, so load from other jobs hits them alike. The first step of each is a warm-up (and
 compiles); one more step per variant runs under torch.profiler for the breakdown (self time of each op, on the
-host's threads: the CPU's time, or on CUDA the time to queue). The peak is the best bf16 (the run's compute
-dtype) square-matmul rate, measured before, between and after the rounds.
+host's threads: the CPU's time, or on CUDA the time to queue). The peak is the best square-matmul rate in the
+run's compute dtype, measured before, between and after the rounds, at each thread count a variant uses
+(`--debug.threads`): MFU divides by the peak of the variant's own thread count. The record names the CPU's bf16
+units (AMX, AVX512-BF16) that oneDNN had to run on.
 """
 
 from __future__ import annotations
@@ -79,8 +81,10 @@ class Contender:
         self.data = iter(self.trainer.dataloader)
         self.tokens_per_step = self.trainer.global_batch_size * self.config.training.seq_len
         self.step_s: list[float] = []
+        self.peak_key = (self.trainer.threads, self.config.training.mixed_precision_param)
 
     def step(self) -> float:
+        torch.set_num_threads(self.trainer.threads)  # the process-wide count: each variant runs at its own
         t0 = time.perf_counter()
         out = self.trainer.train_step(self.data)
         self.trainer.step += 1
@@ -115,37 +119,49 @@ def main() -> None:
                  "--metrics.enable_tensorboard", "false", "--metrics.cpu_peak_tflops", "1"]
     contenders = [Contender(name, [*base_args, "--job.dump_folder", str(out / name), *shlex.split(overrides)])
                   for name, overrides in variants]
-    first = contenders[0]
-    device = first.trainer.device
-    dtype = TORCH_DTYPES[first.config.training.mixed_precision_param]
-    sizes = (1024, 2048, 3072) if device.type == "cpu" else (4096, 8192)
+    device = contenders[0].trainer.device
+    # AMX reaches its peak between n = 1024 and 4096; the time budget stops a slower CPU sooner.
+    sizes = (1024, 2048, 3072, 4096) if device.type == "cpu" else (4096, 8192)
+    # Peaks per (threads, compute dtype) that a variant runs at; a variant's MFU divides by its own.
+    peaks: dict[tuple[int, str], list[float]] = {c.peak_key: [] for c in contenders}
 
-    def peak() -> float:
-        return max(measure_matmul_peak_tflops(device, sizes, budget_s=4.0, dtype=dtype).values())
+    def measure_peaks() -> None:
+        for (threads, dtype), measured in peaks.items():
+            torch.set_num_threads(threads)
+            measured.append(max(measure_matmul_peak_tflops(device, sizes, budget_s=4.0,
+                                                           dtype=TORCH_DTYPES[dtype]).values()))
 
-    peaks = [peak()]
+    measure_peaks()
     for c in contenders:
         c.step()  # warm-up (and compile)
     for _ in range(args.steps):
         for c in contenders:
             c.step_s.append(c.step())
-        peaks.append(peak())
+        measure_peaks()
     profiles = {} if args.no_profile else {c.name: c.profiled_step(args.top) for c in contenders}
-    best_peak = max(peaks)
+    best_peak = {key: max(measured) for key, measured in peaks.items()}
     results = []
     for c in contenders:
         step_s = sorted(c.step_s)[len(c.step_s) // 2]
         tflops = c.trainer.flops_per_token * c.tokens_per_step / step_s / 1e12
-        results.append({"variant": c.name, "overrides": dict(variants)[c.name], "step_s_median": step_s,
-                        "step_s": c.step_s, "tokens_per_step": c.tokens_per_step,
-                        "tps": c.tokens_per_step / step_s, "tflops": tflops, "mfu": 100 * tflops / best_peak,
-                        "breakdown_s": profiles.get(c.name, {})})
+        results.append({"variant": c.name, "overrides": dict(variants)[c.name], "threads": c.peak_key[0],
+                        "dtype": c.peak_key[1], "step_s_median": step_s, "step_s": c.step_s,
+                        "tokens_per_step": c.tokens_per_step,
+                        "tps": c.tokens_per_step / step_s, "tflops": tflops,
+                        "mfu": 100 * tflops / best_peak[c.peak_key], "breakdown_s": profiles.get(c.name, {})})
         c.trainer.close()
-    record = {"config": args.config, "device": str(device), "threads": torch.get_num_threads(),
-              "peak_tflops": best_peak, "peaks_tflops": peaks, "dtype": str(dtype).removeprefix("torch."),
+    # Which bf16 units the peak and the matmuls ran on (oneDNN picks AMX tiles where the CPU has them).
+    cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "amx": torch.cpu._is_amx_tile_supported(),
+           "avx512_bf16": torch.cpu._is_avx512_bf16_supported()} if device.type == "cpu" else None
+    record = {"config": args.config, "device": str(device), "cpu": cpu,
+              "peaks_tflops": [{"threads": t, "dtype": d, "best": best_peak[t, d], "measured": m}
+                               for (t, d), m in peaks.items()],
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}
-    print(f"{args.config} on {device} ({torch.get_num_threads()} threads), {record['dtype']} matmul peak "
-          f"{best_peak:.3f} TFLOP/s (best of {', '.join(f'{p:.3f}' for p in peaks)})")
+    if cpu:
+        print(f"cpu: {cpu['capability']}, AMX {cpu['amx']}, AVX512-BF16 {cpu['avx512_bf16']}")
+    for (threads, dtype), measured in peaks.items():
+        print(f"{args.config} on {device}, {threads} threads: {dtype} matmul peak {best_peak[threads, dtype]:.3f} "
+              f"TFLOP/s (best of {', '.join(f'{p:.3f}' for p in measured)})")
     classes = sorted({k for r in results for k in r["breakdown_s"]}, key=lambda k: -results[0]["breakdown_s"].get(k, 0))
     header = "".join(f"{k:>12}" for k in classes)
     print(f"{'variant':<16}{'s/step':>8}{'tok/s':>8}{'TFLOP/s':>9}{'MFU %':>7}  {header}")

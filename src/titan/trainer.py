@@ -30,7 +30,13 @@ from titan.config import JobConfig, to_toml
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed import compile_loss
 from titan.distributed.comm_stats import counted_step
-from titan.distributed.runtime import init_distributed, set_default_threads, set_pg_timeouts, world_size_from_env
+from titan.distributed.runtime import (
+    init_distributed,
+    set_default_threads,
+    set_pg_timeouts,
+    warn_if_cores_are_busy,
+    world_size_from_env,
+)
 from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
 from titan.models.common.moe import expert_load_values
@@ -67,6 +73,8 @@ class Trainer:
                                        job_config.debug.distributed_debug, self.dump_folder)
         self.rank = dist.get_rank() if dist.is_initialized() and not inputs.solo else 0
         self.threads = set_default_threads(job_config.debug.threads)
+        if self.rank == 0:
+            warn_if_cores_are_busy(self.threads, self.device)
         self.parallel_dims.build_mesh(self.device.type)
         if self.parallel_dims.world_size > 1:
             # Mesh groups are created with the backend's default timeout (30 min on gloo): use ours until step 1.

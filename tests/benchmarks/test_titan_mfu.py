@@ -33,21 +33,29 @@ def test_ops_fall_into_their_class(name, scopes, cls):
 FLOPS_PER_TOKEN = 6 * (2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 704 + 3 * 256 + 256 * 4096) + 12 * 1 * 16 * 16 * 64
 
 
-def test_two_variants_side_by_side_with_mfu_of_the_measured_peak(tmp_path):
+def test_variants_side_by_side_with_mfu_of_the_peak_measured_at_their_threads_and_dtype(tmp_path):
+    # One thread each: a profiled step at 2 threads on a loaded box can take many times the timed ones.
     out = tmp_path / "out"
+    fp32 = "--optimizer.implementation foreach --training.mixed_precision_param float32 --debug.threads 1"
     cmd = [sys.executable, "benchmarks/titan_mfu.py", "--config", "configs/titan/debug.toml", "--steps", "1",
            "--model.n_layers", "1", "--training.seq_len", "64", "--training.local_batch_size", "2",
-           "--variant", "base", "--variant", "foreach=--optimizer.implementation foreach", "--out", str(out)]
+           "--variant", "base", "--variant", f"fp32={fp32}", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((out / "results.json").read_text())
-    assert record["device"] == "cpu" and record["peak_tflops"] == max(record["peaks_tflops"]) > 0
+    assert record["device"] == "cpu" and set(record["cpu"]) == {"capability", "amx", "avx512_bf16"}
+    # One peak per thread count and compute dtype that a variant runs at, each the best of its measurements.
+    peaks = {(p["threads"], p["dtype"]): p for p in record["peaks_tflops"]}
+    assert set(peaks) == {(1, "bfloat16"), (1, "float32")}
+    assert all(p["best"] == max(p["measured"]) > 0 for p in peaks.values())
     rows = {r["variant"]: r for r in record["results"]}
-    assert list(rows) == ["base", "foreach"] and rows["foreach"]["overrides"] == "--optimizer.implementation foreach"
+    assert list(rows) == ["base", "fp32"] and rows["fp32"]["overrides"] == fp32
+    assert (rows["base"]["threads"], rows["base"]["dtype"]) == (1, "bfloat16")
+    assert (rows["fp32"]["threads"], rows["fp32"]["dtype"]) == (1, "float32")
     for r in rows.values():
         assert r["tflops"] * 1e12 == pytest.approx(FLOPS_PER_TOKEN * r["tps"])
-        assert r["mfu"] == pytest.approx(100 * r["tflops"] / record["peak_tflops"])
+        assert r["mfu"] == pytest.approx(100 * r["tflops"] / peaks[r["threads"], r["dtype"]]["best"])
         assert r["tps"] == pytest.approx(r["tokens_per_step"] / r["step_s_median"]) and r["tokens_per_step"] == 128
         # The profiled step's self times add up to about one step (the profiler's own overhead on top).
         assert {"matmuls", "attention", "optimizer"} <= set(r["breakdown_s"])

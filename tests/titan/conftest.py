@@ -21,6 +21,7 @@ TINY = [
     "--metrics.cpu_peak_tflops", "1.0",
     "--lr_scheduler.warmup_steps", "2",
     "--validation.enable", "false",  # on in configs/titan/debug.toml, the default config; tests turn it on by name
+    "--checkpoint.enable", "false",  # likewise
 ]
 
 

@@ -34,6 +34,19 @@ def test_a_run_ends_with_one_line_saying_what_it_did(tmp_path):
                          f"outputs in {dump} (config.toml, metrics.jsonl)"), line
 
 
+def test_the_default_run_checkpoints_and_rerunning_it_resumes(tmp_path):
+    # The debug config checkpoints (the tests' TINY turns it off): every checkpoint.interval steps and at the end.
+    assert parse_command_line([]).checkpoint.enable is True
+    dump = tmp_path / "o"
+    args = [*TINY_ARGS, "--checkpoint.enable", "true", "--checkpoint.interval", "2", "--job.dump_folder", str(dump)]
+    proc = run_train([*args, "--training.steps", "3"])
+    assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-2", "step-3"]
+    assert proc.stdout.strip().splitlines()[-1].endswith(f"outputs in {dump} (config.toml, metrics.jsonl, checkpoint/)")
+    proc = run_train([*args, "--training.steps", "4"])
+    assert f"resumed from checkpoint {dump / 'checkpoint' / 'step-3'}" in proc.stdout
+    assert [r["step"] for r in read_metrics(dump)] == [1, 2, 3, 4]
+
+
 def assert_clean_error(proc, fragment):
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()

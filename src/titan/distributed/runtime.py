@@ -126,6 +126,17 @@ def set_default_threads(requested: int) -> int:
     return threads
 
 
+def warn_if_cores_are_busy(threads: int, device: torch.device) -> None:
+    """One warning when other jobs already load every core: then each of several threads waits for the others at
+    every op, and one thread can be several times faster (benchmarks/RESULTS.md)."""
+    if device.type != "cpu" or threads < 2 or not hasattr(os, "getloadavg"):
+        return
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        logger.warning(f"this machine is busy (load average {load:.1f} on {cores} cores): {threads} threads per "
+                       "process wait for each other at every op there; --debug.threads 1 can be several times faster")
+
+
 def shutdown() -> None:
     """Leaves the process group cleanly: a barrier first so no rank tears down gloo under a peer."""
     if dist.is_initialized():

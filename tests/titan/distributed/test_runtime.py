@@ -1,5 +1,6 @@
 """Process-group set-up for debugging: flight recorder and debug-level environment, timeouts after step 1."""
 
+import logging
 import os
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ import torch.distributed as dist
 
 from tests.titan.conftest import TINY
 from titan.config import parse_args
-from titan.distributed.runtime import apply_env, process_group_env, set_pg_timeouts
+from titan.distributed.runtime import apply_env, process_group_env, set_pg_timeouts, warn_if_cores_are_busy
 from titan.trainer import Trainer
 
 ENV_KEYS = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
@@ -102,3 +103,18 @@ def test_trainer_tightens_the_timeout_after_the_first_step(world_of_one, tmp_pat
     trainer.train()
     trainer.close()
     assert seen == [timedelta(seconds=300), timedelta(seconds=42), timedelta(seconds=42)]
+
+
+@pytest.mark.parametrize("load, threads, device, warned", [
+    (5.0, 2, "cpu", True),  # other jobs fill both cores: two threads wait for each other at every op
+    (1.5, 2, "cpu", False),  # a free core
+    (5.0, 1, "cpu", False),  # one thread waits for no other
+    (5.0, 2, "meta", False),  # the threads only feed an accelerator
+])
+def test_a_busy_machine_is_flagged_once_with_the_one_thread_fix(monkeypatch, caplog, load, threads, device, warned):
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with caplog.at_level(logging.WARNING, logger="titan"):
+        warn_if_cores_are_busy(threads, torch.device(device))
+    assert [r.getMessage().endswith("--debug.threads 1 can be several times faster") for r in caplog.records] == (
+        [True] if warned else [])
