@@ -34,8 +34,9 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
     aux_loss_coef: float = 0.001
-    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss is per shard of tokens (each
-    data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over the shards."""
+    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss, over all MoE layers at once, is
+    per shard of tokens (each data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over
+    the shards; under pipeline parallel, over each stage's layers (MoEArgs.aux_loss_coef)."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
