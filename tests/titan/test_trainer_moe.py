@@ -49,7 +49,10 @@ def test_expert_parallel_without_experts_is_one_error_line(tmp_path):
 PP_MODELS = {"qwen3_moe": [*MOE_MODELS["qwen3_moe"], "--model.aux_loss_coef", "0.5"],
              "deepseek_v3": [*MOE_MODELS["deepseek_v3"], "--model.n_dense_layers", "2",
                              "--model.bias_update_rate", "0.01"]}
-PP_STEPS = [*STEPS, "--model.n_layers", "4"]
+# Each pipeline stage takes the balance loss over its own layers (MoEArgs.aux_loss_coef): Qwen3-MoE's two MoE layers,
+# 1 and 2 of 5, share a stage in both splits (0-2 | 3-4 and 0 | 1-2 | 3 | 4), where it is the loss of all layers.
+PP_RUNS = {"qwen3_moe": [*PP_MODELS["qwen3_moe"], *STEPS, "--model.n_layers", "5", "--model.mlp_only_layers", "0,3,4"],
+           "deepseek_v3": [*PP_MODELS["deepseek_v3"], *STEPS, "--model.n_layers", "4"]}
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +60,9 @@ def one_sequence_batches(module_tmp_path):
     """The one-process runs: 4 accumulation steps of one sequence, the micro-batches of the pipeline runs (the
     balance loss is one of each forward batch, so the split matters)."""
     runs = {}
-    for model, args in PP_MODELS.items():
+    for model, args in PP_RUNS.items():
         folder = module_tmp_path / f"{model}_one"
-        run_train([*TINY, *args, *PP_STEPS, "--training.local_batch_size", "1", "--job.dump_folder", str(folder)])
+        run_train([*TINY, *args, "--training.local_batch_size", "1", "--job.dump_folder", str(folder)])
         runs[model] = read_metrics(folder)
     return runs
 
@@ -80,7 +83,7 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
         "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
 def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
     # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
-    run_train([*TINY, *PP_MODELS[model], *PP_STEPS, *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
+    run_train([*TINY, *PP_RUNS[model], *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
     assert_same_load(read_metrics(tmp_path), one_sequence_batches[model])
 
 

@@ -16,6 +16,9 @@ def apply_compile(model: nn.Module, compile_config) -> None:
     # Host values inside a block (a MoE's tokens per expert, which split its sorted tokens where no grouped GEMM
     # runs) are traced as unbacked sizes, not graph breaks, which fullgraph would refuse.
     torch._dynamo.config.capture_scalar_outputs = True
+    # A MoE records its routing for the balance loss (MoE.balance_stats) once a forward, as eager skips it in an
+    # activation checkpoint's recompute; dynamo refuses that side effect inside a checkpoint unless told so.
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for name, block in list(model.layers.named_children()):
         model.layers.register_module(name, torch.compile(block, backend=compile_config.backend, fullgraph=True))
     logger.info(f"compiled {len(model.layers)} blocks with torch.compile({compile_config.backend})")

@@ -48,11 +48,14 @@ def get_model_spec(name: str, spec_module: str = "") -> ModelSpec:
 
 
 def _settable(tp: Any) -> Any:
-    """The config type of an args field: `X | None` as X; None for a type no config value can give."""
+    """The config type of an args field: `X | None` as X, a list of settable values (e.g. Qwen3-MoE's
+    mlp_only_layers, `--model.mlp_only_layers 0,3`); None for a type no config value can give."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
         tp = arms[0] if len(arms) == 1 else None
     if tp in (bool, int, float, str) or typing.get_origin(tp) is Literal:
+        return tp
+    if typing.get_origin(tp) is list and _settable(typing.get_args(tp)[0]) is not None:
         return tp
     return None
 

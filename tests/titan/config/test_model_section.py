@@ -29,6 +29,8 @@ CONV = ["--model.name", "conv-for-config-tests"]
     (["--model.n_layers", "two"], "model.n_layers must be an integer, got 'two'"),
     (["--model.tie_embeddings", "untied"], "model.tie_embeddings must be true or false, got 'untied'"),
     (["--model.rope_scaling", "yarn"], "model.rope_scaling must be one of 'none', 'llama3', got 'yarn'"),
+    (["--model.name", "qwen3_moe", "--model.mlp_only_layers", "0,x"],
+     "model.mlp_only_layers must be a list, each an integer, got '0,x'"),
     (["--model.head_dim", "64"], "unknown key model.head_dim: model llama3 has no such field; its architecture "
                                  "fields: dim, n_layers"),
     ([*CONV, "--model.rope_theta", "1e4"], "unknown key model.rope_theta: model conv-for-config-tests has no such "
@@ -47,6 +49,8 @@ def test_family_keys_take_the_fields_types():
                        "--model.n_kv_heads", "2"]).model.args == {
         "n_layers": 2, "tie_embeddings": False, "rope_theta": 1e4, "n_kv_heads": 2}
     assert parse_args(["--model.name", "qwen3", "--model.head_dim", "64"]).model.args == {"head_dim": 64}
+    assert parse_args(["--model.name", "qwen3_moe", "--model.mlp_only_layers", "0,3"]).model.args == {
+        "mlp_only_layers": [0, 3]}
     assert parse_args([*CONV, "--model.width", "4"]).model.args == {"width": 4}
     assert parse_args([]).model.args == {}
 

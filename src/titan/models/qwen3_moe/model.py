@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from titan.models.common.decoder import Decoder
-from titan.models.common.moe import MoE, MoEArgs
+from titan.models.common.moe import MoE, MoEArgs, add_balance_loss
 from titan.models.qwen3.model import Qwen3ModelArgs
 from titan.tools.cli import UserError
 
@@ -32,8 +34,9 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
     aux_loss_coef: float = 0.001
-    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss is per shard of tokens (each
-    data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over the shards."""
+    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss, over all MoE layers at once, is
+    per shard of tokens (each data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over
+    the shards; under pipeline parallel, over each stage's layers (MoEArgs.aux_loss_coef)."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -65,6 +68,11 @@ class Qwen3MoeDecoder(Decoder):
         super().init_buffers(buffer_device)
         for moe in (m for m in self.modules() if isinstance(m, MoE)):
             moe.init_buffers()
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """The Decoder's forward; in training, the balance loss over all this model's MoE layers (as transformers
+        computes it; a pipeline stage's own layers) goes into the gradient."""
+        return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
 
 
 def active_params(model: Qwen3MoeDecoder) -> int:

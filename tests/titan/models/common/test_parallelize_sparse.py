@@ -4,8 +4,8 @@ with the same losses and gradient norms (1e-5), the same balancing biases and to
 Layouts: TP 2 of Qwen3-MoE (GQA with QK-norm, a dense first block, the router's auxiliary loss) and of DeepSeek-V3
 (MLA with and without a query latent, a dense first block, shared experts, group-limited routing); EP 2 x TP 2 of
 DeepSeek-V3 and FSDP 2 x TP 2 of Qwen3-MoE on 4 ranks. Each layout goes through the family's parallelize function.
-Under TP each rank's MoE routes its own sequence shard, so Qwen3-MoE's auxiliary loss is the mean of per-shard
-losses, as under data parallel: the reference computes it so, shard by shard."""
+Under TP each rank's MoE routes its own sequence shard, so Qwen3-MoE's auxiliary loss (over all the model's layers
+at once) is the mean of per-shard losses, as under data parallel: the reference computes it so, shard by shard."""
 
 import os
 import sys
@@ -61,14 +61,34 @@ def _model(family: str):
 
 def _route_by_shard(model, dp: int, tp: int) -> None:
     """Makes every MoE layer of a one-process model route each data-parallel rank's rows and each TP rank's
-    sequence shard on its own, the auxiliary loss of each shard weighted 1 / shards, as the layout does."""
-    from titan.models.common.moe import MoE
+    sequence shard on its own, and the model add each shard's auxiliary loss over all its layers, weighted
+    1 / shards, as the layout does."""
+    from titan.models.common.moe import MoE, add_balance_loss
 
-    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    shard_stats = {moe: [] for moe in layers}  # each layer's records, shard by shard
+    for moe in layers:
         moe.aux_loss_scale = 1 / (dp * tp)
-        forward = moe.forward
-        moe.forward = lambda x, forward=forward: torch.cat(
-            [torch.cat([forward(part) for part in rows.chunk(tp, dim=1)], dim=1) for rows in x.chunk(dp)])
+
+        def route(x, moe=moe, forward=moe.forward):
+            out = forward(x)
+            shard_stats[moe].append(moe.balance_stats)
+            moe.balance_stats = None  # the model's own add_balance_loss sees none
+            return out
+        moe.forward = lambda x, route=route: torch.cat(
+            [torch.cat([route(part) for part in rows.chunk(tp, dim=1)], dim=1) for rows in x.chunk(dp)])
+    model_forward = model.forward
+
+    def forward(tokens):
+        out = model_forward(tokens)
+        for shard in range(dp * tp):
+            for moe in layers:
+                moe.balance_stats = shard_stats[moe][shard]
+            out = add_balance_loss(out, layers)
+        for stats in shard_stats.values():
+            stats.clear()
+        return out
+    model.forward = forward
 
 
 def _run(layout: Layout) -> dict:
