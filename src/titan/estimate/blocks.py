@@ -60,12 +60,17 @@ def _attention_elems(args, tp: int) -> float:
 
 def moe_activation_elems(moe_args, dim: int) -> float:
     """Per token, what MoE.forward saves for backward (bf16 elements, fp32 counting two, int64 four): the router's
-    fp32 input and scores; for each of the k routed copies its three indices, the experts' input, both
-    up-projections, the SiLU and the product, its fp32 routing weight and two fp32 copies of the experts' output
-    (the weighting's operand and the combine's source); the shared experts' SwiGLU."""
-    k, h = moe_args.top_k, moe_args.hidden_dim
-    router = 2 * dim + 2 * moe_args.num_experts
-    per_copy = 12 + dim + 4 * h + 2 + 4 * dim
+    fp32 input and scores and the chosen experts (with group-limited sigmoid routing its group choices, with
+    renormalisation the weights and their sum); for each of the k routed copies two int64 indices (to expert order
+    and back), the gathered input, both up-projections, the SiLU and the product, the gathered output and its bf16
+    routing weight (the combining product's operands); the shared experts' SwiGLU."""
+    k, h, experts, groups = moe_args.top_k, moe_args.hidden_dim, moe_args.num_experts, moe_args.n_groups
+    router = 2 * dim + 2 * experts + 4 * k
+    if moe_args.score_func == "sigmoid" and groups > 1:
+        router += 8 * groups + 4 * moe_args.topk_groups + groups / 2
+    if moe_args.route_norm:
+        router += 2 + 2 * k
+    per_copy = 4 + dim + 4 * h + 4 + dim + 1
     return router + k * per_copy + 4 * h * moe_args.num_shared_experts
 
 
