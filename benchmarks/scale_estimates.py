@@ -70,6 +70,8 @@ MOE_ROWS = [
     ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 64", "deepseek_v3_671b_ep64_est", [], DEEPSEEK_V3),
     ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 8", "deepseek_v3_671b_ep64_est", [EP, "8"], DEEPSEEK_V3),
     ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 (no EP)", "deepseek_v3_671b_ep64_est", [EP, "1"], DEEPSEEK_V3),
+    ("DeepSeek-V3 671B, 512 GPUs, PP 8 (1F1B) x FSDP 64 x EP 64, local batch 16", "deepseek_v3_671b_pp8_ep64_est",
+     [], DEEPSEEK_V3),
     ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 8", "qwen3_235b_a22b_ep8_est", [], "none found (b)"),
     ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 32", "qwen3_235b_a22b_ep8_est", [EP, "32"], "none found (b)"),
 ]
@@ -133,7 +135,8 @@ def run_moe_rows(hw: Hardware) -> list[dict]:
 
 def moe_markdown(results: list[dict]) -> list[str]:
     lines = ["", "## Mixture of experts (expert parallel + FSDP)", "",
-             "Same model and fitted constants; every MoE figure is a prediction. Local batch 2 x seq 4096, full",
+             "Same model and fitted constants; every MoE figure is a prediction. Local batch 2 (the PP row: 16",
+             "microbatches of one sequence) x seq 4096, full",
              "activation checkpointing, bf16 compute. All-to-all: the token dispatch and combine of every MoE block",
              "(forward, backward, and the recomputed forward), per step and rank, to GPUs in its node / in others;",
              "routing taken as balanced, the all-to-alls as not overlapped with compute (as titan runs them).", "",
