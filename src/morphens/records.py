@@ -85,6 +85,8 @@ class MethodResult:
     """The architectures of its members (arch_to_dict; a snapshot ensemble's: its one net)."""
     clusters: int = 0
     """MotherNets' g."""
+    cycle_epochs: float = 0.0
+    """A Snapshot Ensemble's epochs per cycle."""
     mothers: list[Mother] = field(default_factory=list)
     speedup: Speedup | None = None
 

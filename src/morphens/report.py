@@ -9,7 +9,7 @@ from pathlib import Path
 from morphens.config import RunConfig, to_dict
 from morphens.records import MethodResult
 
-MARKERS = {"mothernets": "o", "independent": "s", "snapshot": "^"}
+MARKERS = {"mothernets": "o", "independent": "s", "snapshot": "^", "matched_snapshot": "v"}
 
 
 def write(cfg: RunConfig, results: list[MethodResult]) -> Path:
@@ -25,13 +25,13 @@ def write(cfg: RunConfig, results: list[MethodResult]) -> Path:
 def table(results: list[MethodResult]) -> str:
     """One row per method, size and budget; the speed-up columns (independent over this method) where the
     baseline ran beside it."""
-    lines = [f"{'K':>4} {'budget':>6} {'method':<12} {'member acc':>10} {'ensemble':>9} {'GFLOPs':>9} {'wall s':>8} "
+    lines = [f"{'K':>4} {'budget':>6} {'method':<16} {'member acc':>10} {'ensemble':>9} {'GFLOPs':>9} {'wall s':>8} "
              f"{'cpu s':>8} {'cost x':>7} {'wall x':>7} {'cpu x':>7}"]
     for r in results:
         mean = sum(r.member_acc) / len(r.member_acc)
         s = r.speedup
         ratios = " ".join(f"{v:>7.2f}" for v in (s.cost, s.wall, s.cpu)) if s else " ".join([f"{'':>7}"] * 3)
-        lines.append(f"{r.ensemble_size:>4} {r.budget:>6g} {r.method:<12} {mean:>9.2f}% {r.ensemble_acc:>8.2f}% "
+        lines.append(f"{r.ensemble_size:>4} {r.budget:>6g} {r.method:<16} {mean:>9.2f}% {r.ensemble_acc:>8.2f}% "
                      f"{r.train_cost / 1e9:>9.1f} {r.wall_s:>8.1f} {r.cpu_s:>8.1f} {ratios}")
     return "\n".join(lines)
 
