@@ -22,6 +22,16 @@ def write(cfg: RunConfig, results: list[MethodResult]) -> Path:
     return out
 
 
+def merge(paths: list[str], out: str) -> list[MethodResult]:
+    """The records of several runs' results.json files (a frontier's budgets run in separate processes, say),
+    plotted together into `out`/results.png; returns them in the files' order."""
+    results = [MethodResult.from_json(row) for path in paths
+               for row in json.loads(Path(path).read_text())["results"]]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    plot(results, Path(out) / "results.png")
+    return results
+
+
 def table(results: list[MethodResult]) -> str:
     """One row per method, size and budget; the speed-up columns (independent over this method) where the
     baseline ran beside it."""
