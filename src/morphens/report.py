@@ -22,13 +22,14 @@ def write(cfg: RunConfig, results: list[MethodResult]) -> Path:
     return out
 
 
-def merge(paths: list[str], out: str) -> list[MethodResult]:
+def merge(paths: list[str], out: str, cpu: bool = False) -> list[MethodResult]:
     """The records of several runs' results.json files (a frontier's budgets run in separate processes, say),
-    plotted together into `out`/results.png; returns them in the files' order."""
+    plotted together into `out`/results.png (against CPU seconds instead of wall seconds with `cpu`, for runs on
+    a loaded machine); returns them in the files' order."""
     results = [MethodResult.from_json(row) for path in paths
                for row in json.loads(Path(path).read_text())["results"]]
     Path(out).mkdir(parents=True, exist_ok=True)
-    plot(results, Path(out) / "results.png")
+    plot(results, Path(out) / "results.png", cpu)
     return results
 
 
@@ -46,7 +47,7 @@ def table(results: list[MethodResult]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[MethodResult], path: Path) -> None:
+def plot(results: list[MethodResult], path: Path, cpu: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +65,8 @@ def plot(results: list[MethodResult], path: Path) -> None:
     series: dict[tuple, list[MethodResult]] = {}
     for r in results:
         series.setdefault((r.method, r.ensemble_size if len(budgets) > 1 else None), []).append(r)
-    for ax, x_of, xlabel in ((left, lambda r: r.wall_s, "wall-clock training time (s)"),
+    clock = (lambda r: r.cpu_s, "CPU") if cpu else (lambda r: r.wall_s, "wall-clock")
+    for ax, x_of, xlabel in ((left, clock[0], f"{clock[1]} training time (s)"),
                              (right, lambda r: r.train_cost / 1e12, "training cost (TFLOPs)")):
         for (method, k), rows in series.items():
             rows = sorted(rows, key=x_of)
@@ -81,7 +83,7 @@ def plot(results: list[MethodResult], path: Path) -> None:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.margins(x=0.12)  # room for the last point's label
         ax.legend(fontsize=8)
-    left.set_title("Ensemble accuracy vs wall-clock time")
+    left.set_title(f"Ensemble accuracy vs {clock[1]} time")
     right.set_title("Ensemble accuracy vs training FLOPs")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
