@@ -27,13 +27,13 @@ ROLES = {"independent": ("independent", "training.batch_size", "training.lr"),
          "snapshot": ("snapshot", "snapshot.batch_size", "snapshot.lr_factor")}
 
 
-def role_seconds(role: str, r: MethodResult) -> float:
-    """Wall seconds of the part of the method that the role's settings drive."""
+def role_seconds(role: str, r: MethodResult, kind: str = "wall") -> float:
+    """Wall (or CPU) seconds of the part of the method that the role's settings drive."""
     if role == "mothers":
-        return (r.time.mothers + r.time.snapshots).wall
+        return getattr(r.time.mothers + r.time.snapshots, kind)
     if role == "hatched":
-        return (r.time.hatch + r.time.members).wall
-    return r.wall_s
+        return getattr(r.time.hatch + r.time.members, kind)
+    return getattr(r.time.total(), kind)
 
 
 def main() -> None:
@@ -60,12 +60,16 @@ def main() -> None:
             r = experiment(cfg, data, members, [args.size or max(sizes)])[0]
             rows.append({"role": args.role, "batch": batch, "lr": lr, "ensemble_acc": r.ensemble_acc,
                          "member_acc": sum(r.member_acc) / len(r.member_acc), "role_s": role_seconds(args.role, r),
-                         "wall_s": r.wall_s, "record": r.to_json()})
-    lines = [f"| role | batch | peak lr | ensemble acc % | mean member acc % | {args.role} wall s | method wall s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+                         "role_cpu_s": role_seconds(args.role, r, "cpu"), "wall_s": r.wall_s, "record": r.to_json()})
+            write(args, rows)  # after every point: a long sweep stopped early keeps what it measured
+    print((Path(args.out) / f"{args.role}.md").read_text())
+
+
+def write(args: argparse.Namespace, rows: list[dict]) -> None:
+    lines = [f"| role | batch | peak lr | ensemble acc % | mean member acc % | {args.role} wall s | {args.role} CPU s "
+             "| method wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['role']} | {r['batch']} | {r['lr']:g} | {r['ensemble_acc']:.2f} | {r['member_acc']:.2f} | "
-              f"{r['role_s']:.1f} | {r['wall_s']:.1f} |" for r in rows]
-    print("\n".join(lines))
+              f"{r['role_s']:.1f} | {r['role_cpu_s']:.1f} | {r['wall_s']:.1f} |" for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.role}.json").write_text(json.dumps(rows, indent=1))

@@ -189,7 +189,7 @@ class Snapshot:
             raise ValueError("snapshot.batch_size must be 0 (= training.batch_size) or >= 2")
 
 
-METHODS = ("mothernets", "independent", "snapshot")
+METHODS = ("mothernets", "independent", "snapshot", "matched_snapshot")
 
 
 @dataclass
@@ -198,7 +198,9 @@ class Run:
     """Folder for results.json, results.png and the per-net titan dump folders."""
     methods: list[str] = field(default_factory=lambda: ["mothernets", "independent"])
     """Methods trained at every size and budget, in this order: mothernets, independent (every member from
-    scratch, the baseline), snapshot (Snapshot Ensembles)."""
+    scratch, the baseline), snapshot (Snapshot Ensembles), matched_snapshot (a Snapshot Ensemble whose cycles are
+    scaled so that its chain takes about MotherNets' training time at the same size and budget; needs mothernets
+    and snapshot before it)."""
     sizes: list[int] = field(default_factory=list)
     """Sweep over ensemble sizes (the first k generated members each); empty = just ensemble.size."""
     budgets: list[float] = field(default_factory=list)
@@ -214,6 +216,10 @@ class Run:
         if unknown or not self.methods or len(set(self.methods)) < len(self.methods):
             raise ValueError(f"run.methods: {', '.join(unknown) or 'empty or repeated'}; give each of "
                              f"{', '.join(METHODS)} at most once")
+        matched = self.methods.index("matched_snapshot") if "matched_snapshot" in self.methods else None
+        if matched is not None and not {"mothernets", "snapshot"} <= set(self.methods[:matched]):
+            raise ValueError("run.methods: matched_snapshot is sized from the mothernets and snapshot runs; list "
+                             "both before it")
 
 
 @dataclass

@@ -210,7 +210,8 @@ def snapshot_arch(cfg: RunConfig, members: list[Arch]) -> Arch:
     return sorted(members, key=forward_flops)[(len(members) - 1) // 2]
 
 
-def snapshot_ensemble(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor) -> MethodResult:
+def snapshot_ensemble(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
+                      method: str = "snapshot") -> MethodResult:
     """Snapshot Ensembles: one net (snapshot_arch) through `snapshot.cycles` warm-restart cycles, the last K end
     points averaged. The chain is sequential: where members are spread, rank 0 trains it and shares the scores."""
     s, t, k = cfg.snapshot, cfg.training, len(members)
@@ -220,13 +221,25 @@ def snapshot_ensemble(cfg: RunConfig, data: Dataset, members: list[Arch], labels
         runs = warm_restarts(seeded(arch, 2 * 10**6 + t.seed), data, at_batch(cfg, s.batch_size),
                              [s.cycle_epochs] * cycles, t.lr * s.lr_factor,
                              [derived_seed(t.seed, SNAPSHOT_ENSEMBLE, j) for j in range(cycles)],
-                             [f"snapshot-{j}-of-{cycles}" for j in range(cycles)], spreading(cfg))
+                             [f"{method}-{j}-of-{cycles}" for j in range(cycles)], spreading(cfg))
         mine[0] = [scored(cfg, data, r, labels, num_params(arch) * s.cycle_epochs) for r in runs]
     chain = gathered(cfg, mine)[0]
-    log(f"  snapshots of {describe(arch)}: acc " + ", ".join(f"{r.acc:.2f}%" for r in chain))
+    log(f"  {cycles} cycles of {s.cycle_epochs:.3g} epochs of {describe(arch)}: acc "
+        + ", ".join(f"{r.acc:.2f}%" for r in chain))
     earlier = chain[:-k]
-    return result("snapshot", cfg, chain[-k:], labels, TimeSplit(members=total([r.seconds for r in chain])), [arch],
-                  sum(r.flops for r in earlier), sum(r.param_epochs for r in earlier))
+    return result(method, cfg, chain[-k:], labels, TimeSplit(members=total([r.seconds for r in chain])), [arch],
+                  sum(r.flops for r in earlier), sum(r.param_epochs for r in earlier), cycle_epochs=s.cycle_epochs)
+
+
+def matched_snapshot(cfg: RunConfig, data: Dataset, members: list[Arch], labels: torch.Tensor,
+                     mothernets_r: MethodResult, snapshot_r: MethodResult) -> MethodResult:
+    """A Snapshot Ensemble that takes about MotherNets' training time: the snapshot chain's cycles scaled by
+    MotherNets' wall seconds over that chain's (both measured at this size and budget; a chain's time grows
+    with its epochs, less a small cost per cycle)."""
+    s = cfg.snapshot
+    scaled = s.cycle_epochs * mothernets_r.wall_s / snapshot_r.wall_s
+    return snapshot_ensemble(replace(cfg, snapshot=replace(s, cycle_epochs=scaled)), data, members, labels,
+                             "matched_snapshot")
 
 
 def elapsed(start: float, what: str) -> float:
@@ -301,10 +314,15 @@ def experiment(cfg: RunConfig, data: Dataset, members: list[Arch], sizes: list[i
                     r = result(method, bcfg, base[:k], labels, TimeSplit(members=total([s.seconds for s in base[:k]])),
                                members[:k])
                     r.elapsed_s = base_elapsed
+                elif method == "matched_snapshot":
+                    r = matched_snapshot(bcfg, data, members[:k], labels, at_k["mothernets"], at_k["snapshot"])
+                    r.elapsed_s = elapsed(start, method)
                 else:
                     r = (mothernets if method == "mothernets" else snapshot_ensemble)(bcfg, data, members[:k], labels)
                     r.elapsed_s = elapsed(start, method)
                 r.budget = budget
+                # In the log too: a long sweep stopped before its report keeps every finished method's figure.
+                log(f"  {method}: ensemble {r.ensemble_acc:.2f}%, training {r.wall_s:.1f} s wall / {r.cpu_s:.1f} s CPU")
                 at_k[method] = r
             base_r = at_k.get("independent")
             for r in at_k.values():

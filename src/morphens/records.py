@@ -85,6 +85,8 @@ class MethodResult:
     """The architectures of its members (arch_to_dict; a snapshot ensemble's: its one net)."""
     clusters: int = 0
     """MotherNets' g."""
+    cycle_epochs: float = 0.0
+    """A Snapshot Ensemble's epochs per cycle."""
     mothers: list[Mother] = field(default_factory=list)
     speedup: Speedup | None = None
 
@@ -99,3 +101,12 @@ class MethodResult:
 
     def to_json(self) -> dict:
         return {**asdict(self), "wall_s": self.wall_s, "cpu_s": self.cpu_s}
+
+    @classmethod
+    def from_json(cls, row: dict) -> MethodResult:
+        """The record that `to_json` wrote (a results.json row)."""
+        fields = {k: v for k, v in row.items() if k not in ("wall_s", "cpu_s")}
+        fields["time"] = TimeSplit(**{part: Seconds(**s) for part, s in row["time"].items()})
+        fields["mothers"] = [Mother(**m) for m in row["mothers"]]
+        fields["speedup"] = Speedup(**row["speedup"]) if row["speedup"] else None
+        return cls(**fields)

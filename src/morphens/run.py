@@ -1,7 +1,8 @@
 """`python -m morphens.run [--quick] [--config PATH.toml] [--sizes 1,2,4,8] [--section.key value ...]`
 
 Trains an ensemble with each method of `run.methods` (default MotherNets and the independent baseline; `snapshot`
-adds Snapshot Ensembles) at every ensemble size and budget of the sweep, side by side; prints a table and writes
+adds Snapshot Ensembles, `matched_snapshot` one whose chain takes about MotherNets' time) at every ensemble size
+and budget of the sweep, side by side; prints a table and writes
 `results.json` and `results.png` (ensemble accuracy vs wall-clock time and vs FLOPs) under `run.out`.
 `--quick` is a tiny digits run of all three methods (under a minute); options after it override it. Under
 torchrun, `--training.spread members` deals the mothers (with their snapshot cycles), then the members, out over

@@ -25,6 +25,8 @@ from titan.config import ConfigError
     ({"training.batch_size": "1"}, "training: epochs and lr must be > 0, batch_size >= 2"),
     ({"training.seed": "-1"}, "training.seed must be >= 0, got -1"),
     ({"run.sizes": "2,0"}, "run.sizes must be positive ensemble sizes, got [2, 0]"),
+    ({"run.methods": "mothernets,matched_snapshot,snapshot"},
+     "run.methods: matched_snapshot is sized from the mothernets and snapshot runs; list both before it"),
 ], ids=lambda v: next(iter(v)) if isinstance(v, dict) else "")
 def test_a_value_out_of_range_is_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:

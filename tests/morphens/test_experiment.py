@@ -231,6 +231,23 @@ def test_budgets_scale_every_methods_epochs_and_each_method_gets_its_speedup(mon
             assert r.speedup.wall == pytest.approx(base.wall_s / r.wall_s)
 
 
+def test_matched_snapshot_scales_the_chains_cycles_to_mothernets_time(monkeypatch, tmp_path):
+    """matched_snapshot after mothernets and snapshot: the same net through as many cycles, each cycle_epochs x
+    MotherNets' wall seconds over the snapshot chain's; its record names it and its cycle length."""
+    cfg, data, members = tiny_mlp_ensemble(tmp_path, {"ensemble.size": "2", "mothernet.mother_epochs": "0.4",
+                                                      "snapshot.cycle_epochs": "0.3",
+                                                      "run.methods": "mothernets,snapshot,matched_snapshot"})
+    calls = spy_on_fits(monkeypatch)
+    mn, snap, matched = experiment.experiment(cfg, data, members, [2])
+    chains = {m: [c for c in calls if c.name.startswith(f"{m}-")] for m in ("snapshot", "matched_snapshot")}
+    scaled = 0.3 * mn.wall_s / snap.wall_s
+    assert [c.net.arch for c in chains["matched_snapshot"]] == [c.net.arch for c in chains["snapshot"]]
+    assert [c.epochs for c in chains["matched_snapshot"]] == pytest.approx([scaled, scaled])
+    assert (snap.method, snap.cycle_epochs) == ("snapshot", 0.3)
+    assert (matched.method, matched.cycle_epochs) == ("matched_snapshot", pytest.approx(scaled))
+    assert matched.wall_s == pytest.approx(sum(c.fit.time.wall for c in chains["matched_snapshot"]))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_local_engine_trains_and_evaluates_on_cuda_as_on_the_cpu(tmp_path):
     """training.device cuda: the record names the GPU; the nets match the CPU's to within float rounding."""

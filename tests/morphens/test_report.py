@@ -40,3 +40,13 @@ def test_write_saves_the_config_and_typed_records_and_a_two_panel_figure(tmp_pat
     assert saved["results"][1]["speedup"] is None and saved["results"][2]["budget"] == 1.0
     height, width, _ = matplotlib.image.imread(out / "results.png").shape
     assert (width, height) == (1320, 504)  # 11 x 4.2 inches at 120 dpi
+
+
+def test_merge_plots_the_records_of_several_runs_together(tmp_path):
+    """Two runs' results.json (budgets run apart): the records come back as written, in the files' order."""
+    first = report.write(load_config("", [("run.out", str(tmp_path / "a"))]), RESULTS[:2])
+    second = report.write(load_config("", [("run.out", str(tmp_path / "b"))]), RESULTS[2:])
+    merged = report.merge([str(first / "results.json"), str(second / "results.json")], str(tmp_path / "both"),
+                          cpu=True)
+    assert merged == RESULTS
+    assert matplotlib.image.imread(tmp_path / "both" / "results.png").shape[:2] == (504, 1320)
