@@ -45,7 +45,8 @@ class MoEArgs:
     """DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's selection bias moves
     by this much towards balance (up when under-loaded). 0 keeps the bias as loaded."""
     aux_loss_coef: float = 0.0
-    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef), added to each layer's gradient in training."""
+    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef): in training each layer records its routing, and
+    the model adds the loss over all its layers to the gradient (add_balance_loss)."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -71,6 +72,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _experts_dtype(x: torch.Tensor) -> torch.dtype:
+    """The experts compute in autocast's dtype where it is on, as nn.Linear would (the grouped GEMM has no
+    autocast rule of its own)."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+
 class TopKRouter(nn.Module):
     def __init__(self, dim: int, args: MoEArgs):
         super().__init__()
@@ -83,7 +90,8 @@ class TopKRouter(nn.Module):
         """Routing weights (T, k), chosen experts (T, k) and every expert's score (T, E)."""
         a = self.args
         dtype = _compute_dtype(x_TD.dtype)
-        logits_TE = F.linear(x_TD.to(dtype), self.gate.weight.to(dtype))
+        with torch.autocast(x_TD.device.type, enabled=False):  # autocast would make the logits bf16
+            logits_TE = F.linear(x_TD.to(dtype), self.gate.weight.to(dtype))
         if a.score_func == "softmax":
             scores_TE = logits_TE.softmax(dim=-1)
             weights_TK, experts_TK = scores_TE.topk(a.top_k, dim=-1)
@@ -161,6 +169,26 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+class _GatherRows(torch.autograd.Function):
+    """x.index_select(0, index) whose backward gathers too: the gradient's rows at `back`, summed in groups of
+    len(back) // len(x). Moving token copies between token order and expert order, each direction is the other's
+    backward; indexing would differentiate into an index_put with accumulate, one element at a time on the CPU."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(back)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (back,) = ctx.saved_tensors
+        rows = grad.index_select(0, back)
+        if rows.shape[0] != ctx.rows:
+            rows = rows.view(ctx.rows, -1, *rows.shape[1:]).sum(dim=1)
+        return rows, None, None
+
+
 class _AuxLossGrad(torch.autograd.Function):
     """Returns x unchanged; in backward the auxiliary loss gets gradient 1, as if it were added to the loss."""
 
@@ -175,12 +203,26 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.ones_like(aux_loss)
 
 
-def load_balancing_loss(scores_TE: torch.Tensor, experts_TK: torch.Tensor) -> torch.Tensor:
-    """Switch Transformer's balance loss as Qwen3-MoE computes it for one layer: E * sum_e f_e * P_e, with f_e the
-    share of the T*k choices that went to expert e, times k, and P_e the mean router probability of e."""
-    num_experts = scores_TE.shape[-1]
-    f_E = torch.bincount(experts_TK.flatten(), minlength=num_experts).to(scores_TE.dtype) / scores_TE.shape[0]
-    return num_experts * (f_E * scores_TE.mean(dim=0)).sum()
+def load_balancing_loss(prob_sums_LE: torch.Tensor, counts_LE: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Switch Transformer's balance loss as transformers' Qwen3-MoE computes it over all L layers' routing at once
+    (not per layer): E * sum_e f_e * P_e, with f_e expert e's routed copies over the L*T token rows and P_e its
+    mean router probability over them. prob_sums_LE: each layer's probabilities summed over its T tokens."""
+    rows = prob_sums_LE.shape[0] * tokens
+    f_E = counts_LE.sum(dim=0).to(prob_sums_LE.dtype) / rows
+    return prob_sums_LE.shape[-1] * (f_E * prob_sums_LE.sum(dim=0) / rows).sum()
+
+
+def add_balance_loss(out: torch.Tensor, layers: list[MoE]) -> torch.Tensor:
+    """`out` unchanged, with coef * the balance loss over the routing `layers` recorded in this forward added to
+    the loss's gradient (MoEArgs.aux_loss_coef, times the trainer's scale); the records are consumed."""
+    stats = [m.balance_stats for m in layers if m.balance_stats is not None]
+    for moe in layers:
+        moe.balance_stats = None
+    if not stats:
+        return out
+    loss = load_balancing_loss(torch.stack([p for p, _, _ in stats]), torch.stack([c for _, c, _ in stats]),
+                               stats[0][2])
+    return _AuxLossGrad.apply(out, layers[0].args.aux_loss_coef * layers[0].aux_loss_scale * loss)
 
 
 class MoE(nn.Module):
@@ -195,6 +237,9 @@ class MoE(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
         self.aux_loss_scale = 1.0
         """The trainer sets 1 / gradient-accumulation steps, the scale of each micro-batch's loss."""
+        self.balance_stats: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        """This forward's routing for the balance loss: probabilities summed over the tokens, copies per expert,
+        tokens (only in training with aux_loss_coef)."""
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
@@ -203,19 +248,19 @@ class MoE(nn.Module):
         if torch._C._current_graph_task_id() == -1:  # not an activation-checkpoint recompute inside backward
             with torch.no_grad():
                 self.tokens_per_expert += counts_E
-        # Token copies sorted by expert (stable: each expert sees its tokens in order), and back.
+            if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
+                self.balance_stats = (scores_TE.sum(dim=0), counts_E, x_TD.shape[0])
+        # Token copies sorted by expert (stable: each expert sees its tokens in order); slot_N: where each copy
+        # (token t's j-th choice, row t * k + j) went.
         order_N = experts_TK.flatten().argsort(stable=True)
-        token_N = order_N // self.args.top_k
-        y_ND = self.experts(x_TD[token_N], counts_E)
-        dtype = _compute_dtype(x_TD.dtype)
-        y_ND = y_ND.to(dtype) * weights_TK.flatten()[order_N, None].to(dtype)
-        out_TD = torch.zeros(x_TD.shape, dtype=dtype, device=x_TD.device).index_add_(0, token_N, y_ND)
-        out_TD = out_TD.to(x_TD.dtype)
+        slot_N = torch.empty_like(order_N).scatter_(0, order_N, torch.arange(order_N.numel(), device=x_TD.device))
+        x_ND = _GatherRows.apply(x_TD.to(_experts_dtype(x_TD)), order_N // self.args.top_k, slot_N)
+        y_ND = self.experts(x_ND, counts_E)
+        # Each token's k outputs weighted and summed in one batched product, in the experts' dtype.
+        y_TKD = _GatherRows.apply(y_ND, slot_N, order_N).view(*experts_TK.shape, -1)
+        out_TD = torch.bmm(weights_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1).to(x_TD.dtype)
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
-        if self.args.aux_loss_coef and self.training and torch.is_grad_enabled():
-            coef = self.args.aux_loss_coef * self.aux_loss_scale
-            out_TD = _AuxLossGrad.apply(out_TD, coef * load_balancing_loss(scores_TE, experts_TK))
         return out_TD.view_as(x_BTD)
 
     def init_weights(self, init_std: float) -> None:

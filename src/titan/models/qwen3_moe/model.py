@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from titan.models.common.decoder import Decoder
-from titan.models.common.moe import MoE, MoEArgs
+from titan.models.common.moe import MoE, MoEArgs, add_balance_loss
 from titan.models.qwen3.model import Qwen3ModelArgs
 from titan.tools.cli import UserError
 
@@ -64,6 +66,11 @@ class Qwen3MoeDecoder(Decoder):
         super().init_buffers(buffer_device)
         for moe in (m for m in self.modules() if isinstance(m, MoE)):
             moe.init_buffers()
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """The Decoder's forward; in training, the balance loss over all this model's MoE layers (as transformers
+        computes it; a pipeline stage's own layers) goes into the gradient."""
+        return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
 
 
 def active_params(model: Qwen3MoeDecoder) -> int:

@@ -133,26 +133,34 @@ def test_grouped_mm_equals_the_per_expert_loop_in_fp32_forward_and_backward():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_qwen3_balance_loss_matches_transformers_and_reaches_the_router_gradient():
-    ours, theirs = qwen3_pair()
-    x = _inputs()
-    _, _, scores = ours.router(x.view(-1, DIM))
-    logits = torch.nn.functional.linear(x.view(-1, DIM), theirs.gate.weight)
-    want = load_balancing_loss_func((logits,), num_experts=8, top_k=2)
-    experts = scores.topk(2, dim=-1).indices
-    torch.testing.assert_close(load_balancing_loss(scores, experts), want.to(torch.float64), rtol=1e-6, atol=0)
-    # In training the layer adds coef * loss to the router's gradient, and only there.
+def test_qwen3_balance_loss_is_transformers_over_all_layers_concatenated():
+    # Three layers' router logits with different loads: one loss over all of them, not the sum of per-layer losses.
+    generator = torch.Generator().manual_seed(0)
+    logits = tuple(torch.randn(64, 8, generator=generator, dtype=torch.float64) * s for s in (0.5, 1.0, 3.0))
+    probs = [x.softmax(dim=-1) for x in logits]
+    counts = [torch.bincount(p.topk(2, dim=-1).indices.flatten(), minlength=8) for p in probs]
+    got = load_balancing_loss(torch.stack([p.sum(dim=0) for p in probs]), torch.stack(counts), 64)
+    want = load_balancing_loss_func(logits, num_experts=8, top_k=2)  # float32 there
+    torch.testing.assert_close(got, want.to(torch.float64), rtol=1e-6, atol=0)
+    per_layer = sum(load_balancing_loss(p.sum(dim=0)[None], c[None], 64) for p, c in zip(probs, counts))
+    assert abs(per_layer / 3 - got) > 1e-3
+
+
+def test_moe_records_its_routing_for_the_balance_loss_only_in_training():
+    ours, _ = qwen3_pair()
     ours.args.aux_loss_coef = 0.5
-    grads = []
-    for train in (True, False):
-        ours.train(train)
-        ours.zero_grad()
-        ours(x).sum().backward()
-        grads.append(ours.router.gate.weight.grad.clone())
-    ours.zero_grad()
-    _, _, scores = ours.router(x.view(-1, DIM))
-    (0.5 * load_balancing_loss(scores, experts)).backward()
-    torch.testing.assert_close(grads[0] - grads[1], ours.router.gate.weight.grad)
+    x = _inputs()
+    ours.eval()
+    ours(x)
+    assert ours.balance_stats is None
+    ours.train()
+    with torch.no_grad():
+        ours(x)
+    assert ours.balance_stats is None
+    ours(x)
+    prob_sums, counts, tokens = ours.balance_stats
+    assert tokens == x.shape[0] * x.shape[1] and counts.sum() == 2 * tokens
+    assert prob_sums.requires_grad and torch.allclose(prob_sums.sum(), torch.tensor(float(tokens), dtype=prob_sums.dtype))
 
 
 def test_expert_load_step_reports_load_and_moves_the_bias_towards_balance():

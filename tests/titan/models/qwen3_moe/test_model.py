@@ -5,7 +5,10 @@ import pytest
 import torch
 
 import titan.hf
+from titan.components.loss import cross_entropy_loss
+from titan.models.common.moe import MoE, load_balancing_loss
 from titan.models.qwen3_moe.flavors import qwen3_moe_flavors
+from titan.models.qwen3_moe.hf_config import to_hf
 from titan.models.qwen3_moe.model import Qwen3MoeDecoder, active_params
 
 transformers = pytest.importorskip("transformers")
@@ -74,3 +77,43 @@ def test_flavor_parameter_counts_equal_transformers(flavor):
     one_expert = sum(p[0].numel() for name, p in theirs.named_parameters() if ".mlp.experts." in name)
     assert sum(p.numel() for p in ours.parameters()) == total
     assert active_params(ours) == total - one_expert * (128 - 8)
+
+
+def _hf_grads_per_expert(model) -> dict[str, torch.Tensor]:
+    """transformers' gradients with each fused experts tensor split per expert, as its checkpoints name them."""
+    grads = {}
+    for name, p in model.named_parameters():
+        prefix, _, kind = name.rpartition(".")
+        if kind == "gate_up_proj":
+            for j, (gate, up) in enumerate(zip(*p.grad.chunk(2, dim=1))):
+                grads |= {f"{prefix}.{j}.gate_proj.weight": gate, f"{prefix}.{j}.up_proj.weight": up}
+        elif kind == "down_proj":
+            grads |= {f"{prefix}.{j}.down_proj.weight": g for j, g in enumerate(p.grad)}
+        else:
+            grads[name] = p.grad
+    return grads
+
+
+def test_training_gradients_equal_transformers_loss_plus_balance_loss(tmp_path):
+    """In training our model adds router_aux_loss_coef x transformers' balance loss (over all layers' routing at
+    once) to the gradient: the parameter gradients of loss + coef * aux equal Qwen3MoeForCausalLM's."""
+    theirs = _hf_model(router_aux_loss_coef=0.3, norm_topk_prob=True)
+    theirs.save_pretrained(tmp_path)
+    ours = titan.hf.load(tmp_path).train()
+    theirs.train()
+    tokens = _tokens(3)
+    out = theirs(tokens, labels=tokens, output_router_logits=True)
+    records = []
+    for moe in (m for m in ours.modules() if isinstance(m, MoE)):
+        moe.register_forward_hook(lambda m, args, y: records.append(m.balance_stats))
+    logits = ours(tokens)
+    prob_sums, counts = (torch.stack([r[i] for r in records]) for i in (0, 1))
+    torch.testing.assert_close(load_balancing_loss(prob_sums, counts, tokens.numel()).float(), out.aux_loss,
+                               rtol=1e-6, atol=0)
+    cross_entropy_loss(logits[:, :-1], tokens[:, 1:]).backward()
+    out.loss.backward()
+    ours_grads = to_hf({name: p.grad for name, p in ours.named_parameters()}, ours.args)
+    theirs_grads = _hf_grads_per_expert(theirs)
+    assert ours_grads.keys() == theirs_grads.keys()
+    for name, want in theirs_grads.items():
+        assert _rel(ours_grads[name], want) < 1e-6, name
