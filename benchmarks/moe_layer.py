@@ -6,7 +6,8 @@
 Dense: one SwiGLU of hidden top_k * hidden, so every token does the same matmul FLOPs as in the MoE layer (the
 router's dim x experts product, 1-2 % here, is the MoE layer's extra). Each variant runs forward and backward;
 the rounds interleave the variants so that load from other processes hits them alike, and the median per
-variant is reported with its ratio to dense. Variants: the exact per-expert fallback ("loop"), the grouped GEMM
+variant is reported with its ratio to dense, in wall time and in this process's CPU time (steadier on a shared
+machine: time spent waiting for a core is not in it). Variants: the exact per-expert fallback ("loop"), the grouped GEMM
 where the dtype has one ("grouped_mm"), and routing forced to be balanced ("loop balanced": every expert gets
 the same number of tokens), which separates the cost of uneven loads from that of the dispatch.
 """
@@ -64,24 +65,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if grouped_mm_supported(x):
         variants["grouped_mm"] = moe(True)
     times = {name: [] for name in variants}
+    cpu_times = {name: [] for name in variants}
     for module in variants.values():  # warm-up
         _step(module, x, grad)
     for r in range(a.rounds):
         names = list(variants)
         for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             _step(variants[name], x, grad)
             times[name].append(time.perf_counter() - start)
-    dense_s = statistics.median(times["dense"])
+            cpu_times[name].append(time.process_time() - cpu_start)
+    dense_s, dense_cpu_s = statistics.median(times["dense"]), statistics.median(cpu_times["dense"])
     records = []
     print(f"{a.tokens} tokens, dim {a.dim}, {a.experts} experts top-{a.top_k} hidden {a.hidden}, {a.dtype}, "
           f"{torch.get_num_threads()} threads; forward + backward, median of {a.rounds}")
     for name, ts in times.items():
-        median = statistics.median(ts)
+        median, cpu = statistics.median(ts), statistics.median(cpu_times[name])
         records.append({"variant": name, "median_s": median, "vs_dense": median / dense_s, "times_s": ts,
+                        "median_cpu_s": cpu, "cpu_vs_dense": cpu / dense_cpu_s,
                         "tokens": a.tokens, "dim": a.dim, "experts": a.experts, "top_k": a.top_k,
                         "hidden": a.hidden, "dtype": a.dtype, "threads": torch.get_num_threads()})
-        print(f"  {name:14s} {median * 1e3:8.1f} ms  {median / dense_s:5.2f}x dense")
+        print(f"  {name:14s} {median * 1e3:8.1f} ms  {median / dense_s:5.2f}x dense | CPU {cpu * 1e3:8.1f} ms  "
+              f"{cpu / dense_cpu_s:5.2f}x dense")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(records, f, indent=1)
