@@ -69,19 +69,28 @@ def _to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def to_hf(state_dict: dict[str, torch.Tensor], args: DecoderArgs) -> dict[str, torch.Tensor]:
     kv_heads = args.n_kv_heads or args.n_heads
+    heads = {"attention.wq.weight": args.n_heads, "attention.wk.weight": kv_heads}
+
+    def convert(name: str, value: torch.Tensor) -> torch.Tensor:
+        return _to_half_split(value, heads[name]) if args.rope_interleaved and name in heads else value
+
+    return rename_to_hf(state_dict, _ROOT_NAMES, _LAYER_NAMES, convert)
+
+
+def rename_to_hf(state_dict: dict[str, torch.Tensor], root_names: dict[str, str], layer_names: dict[str, str],
+                 convert) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict from titan's through name tables (titan name -> HF name, at the root and inside each
+    `layers.<i>.`), the inverse of rename_from_hf; `convert(name, value)` rewrites a layer tensor. A name with no
+    counterpart is our bug (the model and its tables disagree): ValueError."""
     hf = {}
     for key, value in state_dict.items():
-        if key in _ROOT_NAMES:
-            hf[_ROOT_NAMES[key]] = value
+        if key in root_names:
+            hf[root_names[key]] = value
             continue
         m = _LAYER_KEY.match(key)
-        if not m or m.group(2) not in _LAYER_NAMES:
+        if not m or m.group(2) not in layer_names:
             raise ValueError(f"no Hugging Face name for parameter {key}")
-        if args.rope_interleaved and m.group(2) == "attention.wq.weight":
-            value = _to_half_split(value, args.n_heads)
-        elif args.rope_interleaved and m.group(2) == "attention.wk.weight":
-            value = _to_half_split(value, kv_heads)
-        hf[f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"] = value.contiguous()
+        hf[f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"] = convert(m.group(2), value).contiguous()
     return hf
 
 

@@ -19,6 +19,7 @@ from titan.models.common.hf_adapter import (
     check_fixed,
     experts_to_hf,
     rename_from_hf,
+    rename_to_hf,
     stack_experts,
 )
 from titan.models.deepseek_v3.model import ModelArgs
@@ -46,7 +47,7 @@ _LAYER_NAMES = {
 }
 _ROOT_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                "output.weight": "lm_head.weight"}
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+_EXPERTS_KEY = re.compile(r"^layers\.(\d+)\.moe\.experts\.(.+)$")
 # ModelArgs field -> (config.json name, model.* key that sets it), for the one-line mismatch messages.
 FIELDS = {name: (hf, f"model.{name}") for name, hf in (
     ("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_dense_layers", "first_k_dense_replace"),
@@ -83,21 +84,14 @@ def _interleave(w: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    hf = {}
+    rest, hf = {}, {}
     for key, value in state_dict.items():
-        if key in _ROOT_NAMES:
-            hf[_ROOT_NAMES[key]] = value
-            continue
-        m = _LAYER_KEY.match(key)
-        name = m.group(2) if m else ""
-        prefix = f"model.layers.{m.group(1)}." if m else ""
-        if name.startswith("moe.experts.") and name[12:] in EXPERT_PROJECTIONS:
-            hf |= experts_to_hf(f"{prefix}mlp.experts", name[12:], value)
-        elif name in _LAYER_NAMES:
-            hf[prefix + _LAYER_NAMES[name]] = value.contiguous()
+        m = _EXPERTS_KEY.match(key)
+        if m and m.group(2) in EXPERT_PROJECTIONS:
+            hf |= experts_to_hf(f"model.layers.{m.group(1)}.mlp.experts", m.group(2), value)
         else:
-            raise ValueError(f"no Hugging Face name for parameter {key}")
-    return hf
+            rest[key] = value
+    return {**rename_to_hf(rest, _ROOT_NAMES, _LAYER_NAMES, lambda _, value: value), **hf}
 
 
 def from_hf(hf_state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
