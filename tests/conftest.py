@@ -1,5 +1,8 @@
+import getpass
+import multiprocessing.util
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -7,6 +10,26 @@ from titan.tools.native import compiler
 
 # Tests share two cores with other test processes: one intra-op thread per process keeps runs predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_tempdir(tmp_path_factory):
+    """The suite's temporary folder for this process and every process it starts: torchrun's `torchelastic_*`
+    folders, wandb's media folders and torch's error files land under pytest's base folder, which pytest prunes,
+    instead of piling up in /tmp. Inductor's cache keeps its usual place so compiled kernels survive between runs,
+    and multiprocessing's own folder too: its exit handler removes it after pytest has removed this one."""
+    multiprocessing.util.get_temp_dir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    path = str(tmp_path_factory.mktemp("tmp"))
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    yield path
+    tempfile.tempdir = saved[1]
+    if saved[0] is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = saved[0]
 
 
 needs_compiler = pytest.mark.skipif(compiler() is None, reason="no C compiler here ($CC, cc, gcc or clang): the "

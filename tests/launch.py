@@ -84,6 +84,7 @@ def _run_module(module: str, args: list[str], env: dict[str, str], cwd: str, out
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # the server cached its own TMPDIR; the child's may differ (tests/conftest.py sets one)
     for fd, path in ((1, out_path), (2, err_path)):
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)

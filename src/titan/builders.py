@@ -1,7 +1,8 @@
 """What the Trainer builds and checks before step 1: the run's checks, model args, batch layout, model parts.
 
 The model parts are built on the meta device, split into pipeline stages, parallelized in the one fixed order
-that titan.distributed.parallelize states, then materialized with `to_empty` and initialized. The run's rules are all checked in `check_run`, before any of this.
+that titan.distributed.parallelize states, then materialized with `to_empty` and initialized. The run's rules are
+all checked in `check_run`, before any of this.
 """
 
 from __future__ import annotations
