@@ -105,6 +105,32 @@ def test_full_recomputation_of_a_moe_block_repeats_its_attention_collectives():
     assert [(op, calls) for op, _, calls, _ in _rows(rank, "tp")[:2]] == [("all_gather", 8), ("reduce_scatter", 8)]
 
 
+def test_experts_under_tensor_parallel_shard_over_the_rest_of_data_parallel():
+    """TP 2 x EP 2 x dp_shard_mod_ep 2 on 8 ranks, as measured: the 4 local experts gathered from 2 shards, their
+    gradients reduce-scattered, then each rank's half averaged over TP."""
+    _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
+    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 4 * EXPERT * 2), ("reduce_scatter", 2, 2, 4 * EXPERT * 4),
+                                    ("all_reduce", 2, 2, 2 * EXPERT * 4)]
+    assert _rows(rank, "mfsdp") == [("all_gather", 8, 4, 8 * 256 * 2), ("reduce_scatter", 8, 2, 8 * 256 * 4)]
+    assert rank["memory_bytes"]["params"] == 2_821_504
+
+
+def test_experts_under_hsdp_x_tensor_parallel_are_replicated_over_dp_replicate():
+    """HSDP 2 x 2 x TP 2 with EP 2 and op-level SAC on 8 ranks, as measured: the experts' unit shards over
+    dp_shard_mod_ep of one rank, so its gradients are only all-reduced over the replicas, then over TP; the routers'
+    units all-reduce their shards over the replicas too."""
+    _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2",
+                     "--parallelism.data_parallel_replicate_degree", "2", "--activation_checkpoint.mode", "selective",
+                     "--activation_checkpoint.selective_ac_option", "op")
+    assert _rows(rank, "ehsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "efsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "mhsdp") == [("all_reduce", 2, 2, 8 * 256 // 4 * 4)]
+    # The op policy saves the reduce-scatters' outputs but not the gathers' nor the all-to-alls'.
+    assert [calls for op, _, calls, _ in _rows(rank, "tp")[:2]] == [8, 6]
+    assert [calls for *_, calls, _ in _rows(rank, "ep")] == [12, 4]
+    assert rank["memory_bytes"]["params"] == 5_643_008
+
+
 def test_moe_layers_under_tensor_parallel_alone_are_fsdp_units_over_it():
     """TP 2 on 2 ranks, no data parallel: each MoE layer (router and 8 experts) is whole on both ranks, gathered
     in fp32 (no other FSDP, so the forward autocasts) for forward and backward."""
