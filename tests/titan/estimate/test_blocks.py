@@ -1,6 +1,8 @@
 """What the step-time model reads of one block: a GQA block's weights, and the activations a block saves for
 backward, checked against what the layers really save (torch.autograd.graph.saved_tensors_hooks)."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -78,11 +80,11 @@ def test_the_experts_of_a_busier_rank_save_more_and_the_rest_as_balanced():
 
 @pytest.mark.parametrize("name, layer", [("qwen3_moe", "0"), ("deepseek_v3", "1")], ids=["gqa", "mla"])
 def test_a_moe_block_under_tensor_parallel_saves_its_heads_and_sequence_shard(name, layer):
-    """A MoE block of the debug flavors, whole and under TP 2 (rank 0 of a fake process group, real tensors): the
-    MoE layer saves for its rank's half of the tokens, attention for its half of the heads, so the estimate keeps
-    its ratio to what the block saves (about 0.85 whole: it is not exact on attention)."""
+    """A MoE block of the debug flavors (2 x 128 tokens), whole and under TP 2 (rank 0 of a fake process group, real
+    tensors): the MoE layer saves for its rank's half of the tokens, attention for its half of the heads, so the
+    estimate keeps its ratio to what the block saves (about 0.85 whole: it is not exact on attention)."""
     spec = get_model_spec(name)
-    args = spec.flavors["debug"]
+    args = dataclasses.replace(spec.flavors["debug"], n_layers=2)
     ratios = []
     for tp in (1, 2):
         torch.manual_seed(0)
@@ -90,7 +92,7 @@ def test_a_moe_block_under_tensor_parallel_saves_its_heads_and_sequence_shard(na
             model = spec.build_model(args).to(torch.bfloat16)
             if tp > 1:
                 apply_tp(model, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",)), False)
-            x = torch.randn(2, 256 // tp, args.dim, dtype=torch.bfloat16, requires_grad=True)
+            x = torch.randn(2, 128 // tp, args.dim, dtype=torch.bfloat16, requires_grad=True)
             saved = _saved_elems_per_token(model.layers[layer], x, model.rope_cache) / tp
         ratios.append(block_activation_elems(args, tp, "none", moe=True) / saved)
     assert ratios[1] == pytest.approx(ratios[0], rel=0.05)
