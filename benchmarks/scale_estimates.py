@@ -109,7 +109,8 @@ MOE_NOTES = [
     "is its own FSDP unit over data-parallel x TP ranks; the expert group is one TP rank's, so every TP rank holds",
     "the same experts: TP multiplies the experts' share of memory by its degree (here 38 GiB of fp32 experts a",
     "rank at TP 8, before gradients and optimizer states), which is why these rows need more memory than the",
-    "FSDP x EP rows.",
+    "FSDP x EP rows. TorchTitan's etp=1 instead puts the TP ranks into the expert group (its ParallelDims: ep =",
+    "dp_shard_in_ep x cp x tp), so its experts are not repeated over TP.",
 ]
 
 
