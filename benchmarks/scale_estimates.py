@@ -64,16 +64,31 @@ FIT_TABLE = "1: 8B, 8 GPUs, FSDP, lbs 2, SAC"
 """The published table the constants are fitted on."""
 
 DEEPSEEK_V3 = "1,543 (a)"
+QWEN3 = "none found (b)"
 EP = "--parallelism.expert_parallel_degree"
-# (row, config, overrides, published tokens/s/GPU): no run of these layouts has been published.
+TP = "--parallelism.tensor_parallel_degree"
+LBS = "--training.local_batch_size"
+IMBALANCED = {"moe_imbalance": 1.3}
+# (row, config, overrides, published tokens/s/GPU, step-time inputs other than the fitted ones): no run of these
+# layouts has been published.
 MOE_ROWS = [
-    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 64", "deepseek_v3_671b_ep64_est", [], DEEPSEEK_V3),
-    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 8", "deepseek_v3_671b_ep64_est", [EP, "8"], DEEPSEEK_V3),
-    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 (no EP)", "deepseek_v3_671b_ep64_est", [EP, "1"], DEEPSEEK_V3),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 64", "deepseek_v3_671b_ep64_est", [], DEEPSEEK_V3, {}),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 64, routing imbalance 1.3 (c)", "deepseek_v3_671b_ep64_est", [],
+     DEEPSEEK_V3, IMBALANCED),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 x EP 8", "deepseek_v3_671b_ep64_est", [EP, "8"], DEEPSEEK_V3, {}),
+    ("DeepSeek-V3 671B, 512 GPUs, FSDP 512 (no EP)", "deepseek_v3_671b_ep64_est", [EP, "1"], DEEPSEEK_V3, {}),
     ("DeepSeek-V3 671B, 512 GPUs, PP 8 (1F1B) x FSDP 64 x EP 64, local batch 16", "deepseek_v3_671b_pp8_ep64_est",
-     [], DEEPSEEK_V3),
-    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 8", "qwen3_235b_a22b_ep8_est", [], "none found (b)"),
-    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 32", "qwen3_235b_a22b_ep8_est", [EP, "32"], "none found (b)"),
+     [], DEEPSEEK_V3, {}),
+    ("DeepSeek-V3 671B, 512 GPUs, TP 8 x FSDP 64 x EP 64, local batch 16 (d)", "deepseek_v3_671b_ep64_est",
+     [TP, "8", LBS, "16"], DEEPSEEK_V3, {}),
+    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 8", "qwen3_235b_a22b_ep8_est", [], QWEN3, {}),
+    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 8, routing imbalance 1.3 (c)", "qwen3_235b_a22b_ep8_est", [], QWEN3,
+     IMBALANCED),
+    ("Qwen3-235B-A22B, 128 GPUs, FSDP 128 x EP 32", "qwen3_235b_a22b_ep8_est", [EP, "32"], QWEN3, {}),
+    ("Qwen3-235B-A22B, 128 GPUs, TP 2 x FSDP 64 x EP 8, local batch 4 (d)", "qwen3_235b_a22b_ep8_est",
+     [TP, "2", LBS, "4"], QWEN3, {}),
+    ("Qwen3-235B-A22B, 128 GPUs, TP 4 x FSDP 32 x EP 8, local batch 8 (d)", "qwen3_235b_a22b_ep8_est",
+     [TP, "4", LBS, "8"], QWEN3, {}),
 ]
 MOE_NOTES = [
     "(a) DeepSeek-V3 technical report (arXiv:2412.19437), section 1 and table 1: 180K H800 GPU hours per",
@@ -84,6 +99,18 @@ MOE_NOTES = [
     "checkpointing, EP 1) but no throughput or memory of it.",
     "(b) No published Qwen3-235B-A22B training throughput was found (TorchTitan's Qwen3 README lists testing",
     "against performance benchmarks as still to be done).",
+    "(c) An input, not a prediction: `--estimate.moe_imbalance 1.3` says the busiest expert-parallel rank receives",
+    "and computes 1.3x the mean token copies (the step waits for it): its grouped GEMMs, all-to-all bytes and",
+    "experts' activations grow by that. The row beside it, balanced, is the same layout: the difference is the",
+    "cost of that imbalance. titan.train logs `moe_imbalance` (max / mean tokens per expert), an upper bound of",
+    "the rank figure.",
+    "(d) Tensor parallel on attention and the dense parts, with the local batch raised by the TP degree so the",
+    "global batch is the rows' above. A MoE layer routes its TP rank's sequence shard with no TP collective and",
+    "is its own FSDP unit over data-parallel x TP ranks; the expert group is one TP rank's, so every TP rank holds",
+    "the same experts: TP multiplies the experts' share of memory by its degree (here 38 GiB of fp32 experts a",
+    "rank at TP 8, before gradients and optimizer states), which is why these rows need more memory than the",
+    "FSDP x EP rows. TorchTitan's etp=1 instead puts the TP ranks into the expert group (its ParallelDims: ep =",
+    "dp_shard_in_ep x cp x tp), so its experts are not repeated over TP.",
 ]
 
 
@@ -118,12 +145,13 @@ def run_rows(hw: Hardware, planned: list) -> list[dict]:
 def run_moe_rows(hw: Hardware) -> list[dict]:
     """The MoE dry runs with the fitted constants; `dry_run_s`: each one's wall time (plan and estimate)."""
     results = []
-    for row, config, extra, published in MOE_ROWS:
+    for row, config, extra, published, inputs in MOE_ROWS:
         t0 = time.perf_counter()
-        report = estimate(parse_args(["--config", f"configs/titan/{config}.toml", *extra]), hw)
+        report = estimate(parse_args(["--config", f"configs/titan/{config}.toml", *extra]),
+                          dataclasses.replace(hw, **inputs))
         rank = max(report["ranks"], key=lambda r: r["memory_gib"])
         a2a = [c for c in rank["collectives"] if c["op"] == "all_to_all"]
-        results.append({"row": row, "config": config, "overrides": extra, "published_tps": published,
+        results.append({"row": row, "config": config, "overrides": extra, "inputs": inputs, "published_tps": published,
                         "estimated_tps": report["step"]["tokens_per_s_per_gpu"], "estimated_mfu": report["step"]["mfu"],
                         "estimated_gib": rank["memory_gib"], "fits": rank["fits"], "step_s": report["step"]["step_s"],
                         "all_to_all_bytes": rank["all_to_all_bytes"], "all_to_all_s": sum(c["seconds"] for c in a2a),
@@ -134,12 +162,14 @@ def run_moe_rows(hw: Hardware) -> list[dict]:
 
 
 def moe_markdown(results: list[dict]) -> list[str]:
-    lines = ["", "## Mixture of experts (expert parallel + FSDP)", "",
-             "Same model and fitted constants; every MoE figure is a prediction. Local batch 2 (the PP row: 16",
-             "microbatches of one sequence) x seq 4096, full",
-             "activation checkpointing, bf16 compute. All-to-all: the token dispatch and combine of every MoE block",
-             "(forward, backward, and the recomputed forward), per step and rank, to GPUs in its node / in others;",
-             "routing taken as balanced, the all-to-alls as not overlapped with compute (as titan runs them).", "",
+    lines = ["", "## Mixture of experts (expert parallel with FSDP, PP or TP)", "",
+             "Same model and fitted constants; every MoE figure is a prediction from its layout and, in the rows",
+             "marked (c), one stated input. Local batch 2 (the PP row: 16 microbatches of one sequence; the TP rows",
+             "2 x TP) x seq 4096, full activation checkpointing, bf16 compute. All-to-all: the token dispatch and",
+             "combine of every MoE block (forward, backward, and the recomputed forward), per step and rank, to GPUs",
+             "in its node / in others; routing taken as balanced (`--estimate.moe_imbalance 1`) but in rows (c),",
+             "the all-to-alls as not overlapped with compute (as titan runs them). Memory and all-to-all are the",
+             "busiest rank's.", "",
              "| Row | Est. tok/s/GPU | Est. MFU (active) | Est. GiB | All-to-all GiB in node / across | "
              "All-to-all s | Step s | Published tok/s/GPU |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -155,7 +185,7 @@ def moe_markdown(results: list[dict]) -> list[str]:
 def markdown(results: list[dict], hw: Hardware, prior: Hardware, prior_results: list[dict],
              moe_results: list[dict]) -> str:
     assumptions = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in dataclasses.asdict(hw).items() if k not in FITTED)
+                            for k, v in dataclasses.asdict(hw).items() if k not in (*FITTED, "moe_imbalance"))
     fitted = ", ".join(f"{k} {getattr(hw, k):.3f}" for k in FITTED)
     priors = ", ".join(f"{k} {getattr(prior, k):g}" for k in FITTED)
     lines = [

@@ -44,10 +44,10 @@ def dense_hidden(args) -> int:
 def _attention_elems(args, tp: int) -> float:
     if latent_attention(args):
         H, qk, v = attention_dims(args)
-        rope = args.qk_rope_head_dim
-        # The query and key-value latents before and after their norms, the shared rotary key; the projected
-        # queries and up-projected keys/values; the fp32 rotary copies; SDPA's concatenated q and k; its output
-        # and wo's input.
+        H, rope = H / tp, args.qk_rope_head_dim
+        # The query and key-value latents before and after their norms, the shared rotary key (whole on every TP
+        # rank); the rank's heads: the projected queries and up-projected keys/values; the fp32 rotary copies;
+        # SDPA's concatenated q and k; its output and wo's input.
         latents = 2 * args.q_lora_rank + 2 * args.kv_lora_rank + rope
         return latents + H * qk + H * (args.qk_nope_head_dim + v) + 2 * (H + 1) * rope + 2 * H * qk + 2 * H * v
     hd = args.head_dim
@@ -58,20 +58,27 @@ def _attention_elems(args, tp: int) -> float:
     return attention
 
 
-def moe_activation_elems(moe_args, dim: int) -> float:
+def routed_active_params(args) -> int:
+    """Weights of the routed experts one token computes with in a MoE block: k experts' three matrices."""
+    m = args.moe_args
+    return 3 * args.dim * m.hidden_dim * m.top_k
+
+
+def moe_activation_elems(moe_args, dim: int, load: float = 1.0) -> float:
     """Per token, what MoE.forward saves for backward (bf16 elements, fp32 counting two, int64 four): the router's
     fp32 input and scores and the chosen experts (with group-limited sigmoid routing its group choices, with
     renormalisation the weights and their sum); for each of the k routed copies two int64 indices (to expert order
     and back), the gathered input, both up-projections, the SiLU and the product, the gathered output and its bf16
-    routing weight (the combining product's operands); the shared experts' SwiGLU."""
+    routing weight (the combining product's operands); the shared experts' SwiGLU. `load`: the copies the rank's
+    experts compute over k per token (expert parallel), which scales what the grouped GEMMs save (their input and
+    outputs); the rest stays with the tokens' rank."""
     k, h, experts, groups = moe_args.top_k, moe_args.hidden_dim, moe_args.num_experts, moe_args.n_groups
     router = 2 * dim + 2 * experts + 4 * k
     if moe_args.score_func == "sigmoid" and groups > 1:
         router += 8 * groups + 4 * moe_args.topk_groups + groups / 2
     if moe_args.route_norm:
         router += 2 + 2 * k
-    per_copy = 4 + dim + 4 * h + 4 + dim + 1
-    return router + k * per_copy + 4 * h * moe_args.num_shared_experts
+    return router + k * (4 + 4 + dim + 1) + load * k * (dim + 4 * h) + 4 * h * moe_args.num_shared_experts
 
 
 def _matmul_outputs(args, tp: int, moe: bool) -> float:
@@ -79,23 +86,25 @@ def _matmul_outputs(args, tp: int, moe: bool) -> float:
     in fp32 and the shared experts; not the routed experts' grouped GEMMs)."""
     D, (H, qk, v) = args.dim, attention_dims(args)
     if latent_attention(args):
-        q = (args.q_lora_rank if args.q_lora_rank else 0) + H * qk
-        attention = q + args.kv_lora_rank + args.qk_rope_head_dim + H * (args.qk_nope_head_dim + v) + D
+        # The low-rank projections are whole on every TP rank, the up-projections its heads.
+        q = (args.q_lora_rank if args.q_lora_rank else 0) + H * qk / tp
+        attention = q + args.kv_lora_rank + args.qk_rope_head_dim + H * (args.qk_nope_head_dim + v) / tp + D
     else:
         attention = (H + 2 * (args.n_kv_heads or args.n_heads)) * qk / tp + D
     if not moe:
         return attention + 2 * dense_hidden(args) / tp + D
+    # A MoE layer computes the rank's sequence shard (tokens / tp) with whole weights.
     moe_args = args.moe_args
     shared = 2 * moe_args.hidden_dim * moe_args.num_shared_experts + D if moe_args.num_shared_experts else 0
-    return attention + 2 * moe_args.num_experts + shared
+    return attention + (2 * moe_args.num_experts + shared) / tp
 
 
-def block_activation_elems(args, tp: int, kind: str, moe: bool = False) -> float:
+def block_activation_elems(args, tp: int, kind: str, moe: bool = False, load: float = 1.0) -> float:
     """Elements saved for backward per local token by one block; "none", "full" or "op" checkpointing; `moe`: the
-    block's feed-forward is args.moe_args' mixture of experts.
+    block's feed-forward is args.moe_args' mixture of experts (`load`: see moe_activation_elems).
 
-    SP-sharded tensors count 1/tp, the all-gathered norm outputs and the row-parallel partial sums full width;
-    fp32 copies count twice.
+    SP-sharded tensors count 1/tp, the all-gathered norm outputs and the row-parallel partial sums full width, a
+    MoE layer's input and what it saves 1/tp (it routes the rank's sequence shard); fp32 copies count twice.
     """
     D = args.dim
     if kind == "full":
@@ -108,5 +117,6 @@ def block_activation_elems(args, tp: int, kind: str, moe: bool = False) -> float
             return D / tp + H / tp * hd + Hkv * hd + F / tp + D + H / tp * hd
         # Elsewhere: every second matmul output taken as half of them, and the attention output.
         return D / tp + _matmul_outputs(args, tp, moe) / 2 + H / tp * v
-    ffn = moe_activation_elems(args.moe_args, D) if moe else 4 * dense_hidden(args) / tp
-    return 2 * D / tp + 2 * D + _attention_elems(args, tp) + ffn
+    if moe:
+        return 2 * D / tp + D + (D + moe_activation_elems(args.moe_args, D, load)) / tp + _attention_elems(args, tp)
+    return 2 * D / tp + 2 * D + _attention_elems(args, tp) + 4 * dense_hidden(args) / tp

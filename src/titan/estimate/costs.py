@@ -5,7 +5,8 @@ Conventions: FLOPs as in `flops_per_token` (6 x the non-embedding parameters a t
 experts, + 6·L·H·(qk + v head dims)·T per token), so the stages' FLOPs add up to the trainer's MFU numerator; bf16
 peak; collective times by the ring formulas over the slower of NVLink and the network for the group's span; an
 all-to-all (expert parallel, titan.estimate.experts) sends each peer's share over its own link. Collective groups:
-tp, cp, pp, fsdp/hsdp (the blocks and the root), ep (token dispatch and combine), efsdp/ehsdp (the experts' units).
+tp, cp, pp, fsdp/hsdp (the blocks and the root), ep (token dispatch and combine), efsdp/ehsdp (the experts' units,
+and under TP the average of their gradients over it), mfsdp/mhsdp (the MoE layers' units under TP).
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from dataclasses import dataclass
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stages_per_rank
-from titan.estimate.blocks import attention_dims, block_activation_elems, latent_attention, layer_params
-from titan.estimate.experts import ep_collectives, expert_fsdp_collectives
+from titan.estimate.blocks import (
+    attention_dims,
+    block_activation_elems,
+    latent_attention,
+    layer_params,
+    routed_active_params,
+)
+from titan.estimate.experts import ep_collectives, expert_fsdp_collectives, moe_fsdp_collectives
 from titan.estimate.layout import RankInfo
 
 GIB = 2**30
@@ -52,12 +59,20 @@ class Hardware:
     """Fixed cost per collective call."""
     memory_gib: float = 80.0
     """Device memory per GPU; a plan above it is flagged."""
+    moe_imbalance: float = 1.0
+    """Routing imbalance under expert parallel, an input (not predicted): the busiest expert-parallel rank's routed
+    token copies over the mean, 1 = balanced. That rank's expert compute, all-to-all bytes and experts' activations
+    grow by it, and the step waits for it. The moe_imbalance that titan.train logs (max / mean tokens per expert,
+    worst layer) bounds it from above: a rank holds several experts, seldom all of the busiest."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name not in ("gpu", "peak_tflops") and value <= 0:
                 raise ValueError(f"estimate.{f.name} must be > 0, got {value}")
+        if self.moe_imbalance < 1:
+            raise ValueError(f"estimate.moe_imbalance is max / mean tokens, so >= 1 (1 = balanced), got "
+                             f"{self.moe_imbalance}")
         if self.peak_tflops < 0:
             raise ValueError(f"estimate.peak_tflops must be >= 0 (0 = from gpu), got {self.peak_tflops}")
 
@@ -171,14 +186,18 @@ def _stage_owner(dims, schedule: str) -> dict[int, int]:
     return {s: r for r in range(dims.pp) for s in stage_ids_for_rank(r, dims.pp, schedule)}
 
 
-def _flops(lay: Layout, part, tokens: int, recompute: bool = True) -> tuple[float, float]:
-    """(linear, attention) FLOPs of one rank for a part over `tokens` local tokens."""
+def _flops(lay: Layout, part, tokens: int, recompute: bool = True, load: float = 1.0) -> tuple[float, float]:
+    """(linear, attention) FLOPs of one rank for a part over `tokens` local tokens; `load`: its routed experts'
+    token copies over the balanced count (under TP the MoE layers compute the rank's tokens / tp with whole weights,
+    the same FLOPs as tokens with weights / tp)."""
     a, t = lay.args, lay.dims.tp
     heads, qk, v = attention_dims(a)
     attn = 6 * heads * (qk + v) * lay.seq_len
     n = len(part.layers)
     # A block's FLOPs are 6 x the weights a token uses: an MoE block's router, shared and k of its E experts.
     active = sum(part.block_active_params)
+    if any(part.block_moe):
+        active += (load - 1) * sum(part.block_moe) * routed_active_params(a)
     linear = 6 * active + (6 * (a.dim * a.vocab_size + a.dim) if part.has_output else 0)
     attention = attn * n
     if recompute and n:
@@ -193,17 +212,23 @@ def _flops(lay: Layout, part, tokens: int, recompute: bool = True) -> tuple[floa
 
 
 def _tp_collectives(col: Collectives, lay: Layout, info: RankInfo, passes: int) -> None:
-    # Tensor/sequence parallel: each block gathers before and reduce-scatters after attention and MLP, mirrored
-    # in backward. Recomputing a block repeats both gathers; of its reduce-scatters, a fully recomputed block
-    # repeats only the attention one (recomputation stops once backward has what it needs, before the MLP's) and
-    # op-SAC none (its policy saves reduce-scatter outputs). Measured with metrics.comm_stats.
+    # Tensor/sequence parallel: each block gathers before and reduce-scatters after attention and a dense MLP,
+    # mirrored in backward; a MoE layer runs on the rank's sequence shard, with neither. Recomputing a block repeats
+    # its gathers; of its reduce-scatters, a fully recomputed block repeats the attention one (recomputation stops
+    # once backward has what it needs: before a dense MLP's, after the attention's that a MoE layer's input needs)
+    # and op-SAC none (its policy saves reduce-scatter outputs). Measured with metrics.comm_stats.
     a, t, c = lay.args, lay.dims.tp, lay.dims.cp
     act = lay.microbatch_seqs * (lay.seq_len // c) * a.dim * lay.param_bytes
-    blocks = sum(len(p.layers) for p in info.parts)
-    full, op = (sum(p.full_ac_blocks for p in info.parts), sum(p.op_ac_blocks for p in info.parts))
-    ends = sum(p.has_embedding + p.has_output for p in info.parts)
-    col.add("tp", "tp", t, "all_gather", (4 * blocks + 2 * (full + op) + ends) * passes, act, False)
-    col.add("tp", "tp", t, "reduce_scatter", (4 * blocks + full + ends) * passes, act, False)
+    gathers = scatters = 0.0
+    for p in info.parts:
+        moe, dense = sum(p.block_moe), len(p.layers) - sum(p.block_moe)
+        # Which blocks are checkpointed is not read back, only how many: MoE and dense ones in proportion.
+        share = (p.full_ac_blocks + p.op_ac_blocks) / len(p.layers) if p.layers else 0.0
+        ends = p.has_embedding + p.has_output
+        gathers += 2 * moe + 4 * dense + share * (moe + 2 * dense) + ends
+        scatters += 2 * moe + 4 * dense + p.full_ac_blocks + ends
+    col.add("tp", "tp", t, "all_gather", gathers * passes, act, False)
+    col.add("tp", "tp", t, "reduce_scatter", scatters * passes, act, False)
     if any(p.has_output for p in info.parts):
         logits = lay.microbatch_seqs * (lay.seq_len // c)
         if lay.loss_parallel:
@@ -275,14 +300,16 @@ def _fsdp_collectives(col: Collectives, lay: Layout, info: RankInfo, unsharded: 
 
 
 def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> dict:
-    """Memory, collectives and per-microbatch compute of one rank."""
+    """Memory, collectives and per-microbatch compute of one rank (under expert parallel, the busiest one)."""
     tokens = lay.local_tokens
     passes = lay.microbatches * lay.accum
     col = Collectives(hw, lay.dims)
+    # Without expert parallel every rank computes all k copies of its own tokens, however they are routed.
+    load = hw.moe_imbalance if lay.dims.ep > 1 else 1.0
 
     linear = attention = 0.0
     for part in info.parts:
-        lin, att = _flops(lay, part, tokens)
+        lin, att = _flops(lay, part, tokens, load=load)
         linear, attention = linear + lin, attention + att
     speed = peak_flops * hw.mfu * (hw.compile_speedup if lay.compile else 1.0)
     t_attention = attention / speed
@@ -291,22 +318,22 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
     _tp_collectives(col, lay, info, passes)
     _cp_collectives(col, lay, info, passes)
     _pp_collectives(col, lay, info, passes)
-    ep_collectives(col, lay, info, passes)
+    ep_collectives(col, lay, info, passes, load)
     unsharded = sum(p.unsharded_params for p in info.parts)
     local = sum(p.local_params for p in info.parts)
-    experts = sum(sum(p.block_expert_params) for p in info.parts)
-    units = _fsdp_collectives(col, lay, info, unsharded - experts,
-                              local - sum(p.local_expert_params for p in info.parts))
-    units += expert_fsdp_collectives(col, lay, info)
+    own_units = sum(sum(p.block_expert_params) + sum(p.block_moe_params) for p in info.parts)
+    units = _fsdp_collectives(col, lay, info, unsharded - own_units,
+                              local - sum(p.local_expert_params + p.local_moe_params for p in info.parts))
+    units += expert_fsdp_collectives(col, lay, info) + moe_fsdp_collectives(col, lay, info)
 
-    t_dp = sum(col.seconds(g) for g in ("fsdp", "hsdp", "efsdp", "ehsdp"))
+    t_dp = sum(col.seconds(g) for g in ("fsdp", "hsdp", "efsdp", "ehsdp", "mfsdp", "mhsdp"))
     # The token dispatch and combine block the compute that needs them, like TP's collectives.
     t_mb = (t_compute + (col.seconds("tp") + col.seconds("pp") + col.seconds("ep")) / passes
             + max(0.0, col.seconds("cp") / passes - t_attention))
     # FSDP traffic hides behind compute except the first gather and the last reduce-scatter of the step.
     dp_exposed = max(0.0, t_dp - t_compute * passes) + t_dp / max(units, 1)
 
-    memory = _memory(lay, info, unsharded, local)
+    memory = _memory(lay, info, unsharded, load)
     return {"rank": info.rank, "pp_rank": info.pp_rank, "coordinate": info.coordinate,
             "stages": [p.stage for p in info.parts], "layers": [p.layers for p in info.parts],
             "local_params": local, "unsharded_params": unsharded, "memory_bytes": memory,
@@ -318,22 +345,31 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
             "collectives": col.rows}
 
 
-def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str, float]:
+def _memory(lay: Layout, info: RankInfo, unsharded: int, load: float) -> dict[str, float]:
     a, dims = lay.args, lay.dims
     t, v = dims.tp, stages_per_rank(lay.schedule)
     states = OPTIMIZER_STATES[lay.optimizer] if lay.optimizer != "SGD" or lay.momentum > 0 else 0
     master = sum(p.local_param_bytes for p in info.parts)
     experts = [u for p in info.parts for u in p.block_expert_params]
-    max_unit = max([u for p in info.parts for u in p.block_params] + experts + [p.root_params for p in info.parts])
+    moe_units = [u for p in info.parts for u in p.block_moe_params]
+    max_unit = max([u for p in info.parts for u in p.block_params] + experts + moe_units
+                   + [p.root_params for p in info.parts])
     max_block = max(u for p in info.parts for u in p.block_params)
     root = sum(p.root_params for p in info.parts)
     sharded = dims.fsdp_enabled or dims.dp_replicate_enabled
     # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
     # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched), and
-    # as many expert units (their own under expert parallel, unless no rank is left to shard them over).
-    resident = sum(experts) if dims.dp_shard * dims.cp // dims.ep * dims.dp_replicate == 1 else 0
-    live = root + 2 * max_block + (2 * max(experts, default=0) if not resident else 0)
-    gathered = (live if lay.reshard_after_forward else unsharded - resident) * lay.param_bytes if sharded else 0
+    # as many units of the MoE layers (theirs under TP, the experts' under expert parallel unless no rank is left
+    # to shard them over: under TP their unit has a mesh of one rank, which gathers and frees them as any other).
+    resident = sum(experts) if dims.dp_shard * dims.cp // dims.ep * dims.dp_replicate * t == 1 else 0
+    # Without data parallel elsewhere the MoE layers' units (TP) gather in fp32 and the forward autocasts.
+    moe_bytes = lay.param_bytes if sharded else 4
+    if lay.reshard_after_forward:
+        live = root + 2 * max_block + (2 * max(experts, default=0) if not resident else 0)
+        gathered = (live * lay.param_bytes if sharded else 0) + 2 * max(moe_units, default=0) * moe_bytes
+    else:
+        blocks = unsharded - resident - sum(moe_units)
+        gathered = (blocks * lay.param_bytes if sharded else 0) + sum(moe_units) * moe_bytes
     # Resident experts are cast to the compute dtype in each forward, and the copies kept for backward.
     gathered += resident * lay.param_bytes if lay.param_bytes < 4 else 0
     # Without a gradient sync every microbatch (accumulation, or PP microbatches) FSDP keeps unsharded gradients.
@@ -349,7 +385,7 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
         # Which blocks are checkpointed is not read back, only how many: each block counts in those shares.
         shares = {"full": part.full_ac_blocks / n, "op": part.op_ac_blocks / n}
         shares["none"] = 1 - shares["full"] - shares["op"]
-        elems = sum(share * block_activation_elems(a, t, kind, moe) for moe in part.block_moe
+        elems = sum(share * block_activation_elems(a, t, kind, moe, load) for moe in part.block_moe
                     for kind, share in shares.items() if share)
         elems += a.dim / t if part.has_embedding else 0
         elems += (a.dim / t + a.dim) if part.has_output else 0
@@ -370,7 +406,7 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, local: int) -> dict[str
         in_flight = min(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1) / v
     activations = in_flight * sum(per_part)
     recompute = any(q.full_ac_blocks or q.op_ac_blocks for q in info.parts)
-    working = (max(block_activation_elems(a, t, "none", moe) for q in info.parts for moe in q.block_moe)
+    working = (max(block_activation_elems(a, t, "none", moe, load) for q in info.parts for moe in q.block_moe)
                * tokens * lay.param_bytes if recompute else 0.0)
     # The loss upcasts the (vocabulary-sharded) logits to fp32 and keeps their gradient.
     logits = (tokens * a.vocab_size / t * (lay.param_bytes + 8)

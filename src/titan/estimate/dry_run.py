@@ -147,7 +147,8 @@ def format_report(report: dict) -> str:
                          f"the node, {a2a['inter_node'] / GIB:.2f} GiB across nodes")
     lines += ["", f"step {step['step_s']:.2f} s for {step['global_batch']} sequences: "
               f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, MFU {100 * step['mfu']:.1f}% "
-              f"({report['hardware']['gpu']}, assumed kernel MFU {report['hardware']['mfu']:g})"]
+              f"({report['hardware']['gpu']}, assumed kernel MFU {report['hardware']['mfu']:g}"
+              + (f", routing imbalance {report['hardware']['moe_imbalance']:g} assumed" if lay["ep"] > 1 else "") + ")"]
     return "\n".join(lines)
 
 

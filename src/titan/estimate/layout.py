@@ -43,14 +43,20 @@ class PartInfo:
     unsharded_params: int
     """Elements after the FSDP all-gather (TP-local): what forward and backward compute with."""
     block_params: list[int]
-    """Unsharded (TP-local) elements of each block: one FSDP unit each (without the routed experts under expert
-    parallel, which are a unit of their own)."""
+    """Unsharded (TP-local) elements of each block: one FSDP unit each (without its MoE layer's own units: the
+    routed experts under expert parallel, the whole layer under tensor parallel)."""
+    block_moe_params: list[int]
+    """Under tensor parallel, each block's MoE layer (router, shared experts, and the routed experts without expert
+    parallel) as gathered, whole: its own FSDP unit over the data-parallel and TP ranks (dp_shard_cp_tp), since
+    each TP rank routes its own sequence shard; 0 for a dense block or without TP."""
     block_expert_params: list[int]
     """Under expert parallel, each block's routed experts as this rank computes with them (its num_experts / ep
     experts, whole): their own FSDP unit over dp_shard_mod_ep, or resident when no rank is left for it; 0 for a
     dense block or without expert parallel."""
     local_expert_params: int
     """Of local_params, those of the routed experts' own units (expert parallel)."""
+    local_moe_params: int
+    """Of local_params, those of the MoE layers' own units (tensor parallel)."""
     block_active_params: list[int]
     """Elements of each block one token computes with (all of them less the routed experts it is not sent to,
     E - k of E): what its FLOPs count."""
@@ -143,13 +149,28 @@ def _active(block: nn.Module) -> int:
     return total - sum(p.numel() for p in moe.experts.parameters()) // e * (e - k)
 
 
+def _moe_unit(block: nn.Module, tp: int, ep: int) -> list[torch.Tensor]:
+    """The MoE layer's parameters that its own FSDP unit holds under tensor parallel (all but expert-parallel
+    experts, a unit of their own); none without TP. The TP plan leaves them whole on every TP rank."""
+    moe = _moe(block)
+    if moe is None or tp == 1:
+        return []
+    experts = {id(p) for p in moe.experts.parameters()} if ep > 1 else set()
+    return [p for p in moe.parameters() if id(p) not in experts]
+
+
 def _part_info(part: nn.Module, stage: int, tp: int, ep: int, ac_mode: str, ac_option: str) -> PartInfo:
     blocks = list(part.layers.values())
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
     root = [p for p in part.parameters() if id(p) not in in_blocks]
-    # Expert parallel makes the routed experts a unit of their own, gathered to the rank's experts only.
+    # Expert parallel makes the routed experts a unit of their own, gathered to the rank's experts only; tensor
+    # parallel the rest of the MoE layer (see _moe_unit).
     apart = [{id(p) for p in _routed(b)} if ep > 1 else set() for b in blocks]
-    block_params = [sum(_unsharded(p, tp) for p in b.parameters() if id(p) not in a) for b, a in zip(blocks, apart)]
+    moe_units = [_moe_unit(b, tp, ep) for b in blocks]
+    in_moe_units = [{id(p) for p in u} for u in moe_units]
+    moe_params = [sum(p.numel() for p in u) for u in moe_units]
+    block_params = [sum(_unsharded(p, tp) for p in b.parameters() if id(p) not in a | m)
+                    for b, a, m in zip(blocks, apart, in_moe_units)]
     experts = [sum(p.numel() // ep for p in _routed(b)) if ep > 1 else 0 for b in blocks]
     root_params = sum(_unsharded(p, tp) for p in root)
     # torch.compile wraps the (checkpointed) block; FSDP subclasses it in place.
@@ -165,14 +186,17 @@ def _part_info(part: nn.Module, stage: int, tp: int, ep: int, ac_mode: str, ac_o
         has_output=part.output is not None or (getattr(part.args, "tie_embeddings", False) and part.norm is not None),
         local_params=sum(_local(p) for p in params),
         local_param_bytes=sum(_local(p) * p.element_size() for p in params),
-        unsharded_params=sum(block_params) + root_params + sum(experts),
+        unsharded_params=sum(block_params) + root_params + sum(experts) + sum(moe_params),
         block_params=block_params,
+        block_moe_params=moe_params,
         block_expert_params=experts,
         local_expert_params=sum(_local(p) for b, a in zip(blocks, apart) for p in b.parameters() if id(p) in a),
+        local_moe_params=sum(_local(p) for u in moe_units for p in u),
         block_active_params=[_active(b) for b in blocks],
         block_moe=[_moe(b) is not None for b in blocks],
         root_params=root_params,
-        block_float8_params=[sum(_unsharded(p, tp) for p in b.parameters() if _gathers_in_float8(p)) for b in blocks],
+        block_float8_params=[sum(_unsharded(p, tp) for p in b.parameters() if _gathers_in_float8(p) and id(p) not in m)
+                             for b, m in zip(blocks, in_moe_units)],
         block_float8_weights=[sum(map(_gathers_in_float8, b.parameters())) for b in blocks],
         full_ac_blocks=0 if op else wrapped,
         op_ac_blocks=wrapped if op else 0,

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
 
 
 @pytest.mark.parametrize("key, value, message", [("mfu", 0.0, "estimate.mfu must be > 0, got 0.0"),
-                                                 ("peak_tflops", -1.0, "estimate.peak_tflops must be >= 0")])
+                                                 ("peak_tflops", -1.0, "estimate.peak_tflops must be >= 0"),
+                                                 ("moe_imbalance", 0.8, "estimate.moe_imbalance is max / mean")])
 def test_a_hardware_assumption_out_of_range_names_its_key(key, value, message):
     with pytest.raises(ValueError, match=message):
         Hardware(**{key: value})

@@ -45,6 +45,13 @@ LAYOUTS = {
     "DeepSeek-V3 FSDP 2 = EP 2, op SAC": ("deepseek_v3_moe_debug", [
         "--comm.world_size", "2", "--parallelism.expert_parallel_degree", "2", "--activation_checkpoint.mode",
         "selective", "--activation_checkpoint.selective_ac_option", "op"]),
+    "Qwen3-MoE FSDP 4 x TP 2 x EP 2": ("qwen3_moe_moe_debug", [
+        "--comm.world_size", "8", "--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree",
+        "2"]),
+    "DeepSeek-V3 HSDP 2 x 2 x TP 2 = EP 2, full AC": ("deepseek_v3_moe_debug", [
+        "--comm.world_size", "8", "--parallelism.data_parallel_replicate_degree", "2",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "2",
+        "--activation_checkpoint.mode", "full"]),
 }
 
 

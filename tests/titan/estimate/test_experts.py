@@ -76,3 +76,87 @@ def test_experts_with_no_rank_left_to_shard_them_stay_whole():
 def test_expert_parallel_on_a_model_without_experts_moves_no_tokens():
     cfg = parse_args(["--model.n_layers", "2", "--comm.world_size", "2", "--parallelism.expert_parallel_degree", "2"])
     assert not [c for c in estimate(cfg, Hardware())["ranks"][0]["collectives"] if c["group"] in ("ep", "efsdp")]
+
+
+# Measured on gloo ranks with --metrics.comm_stats' counter, one call at a time (benchmarks/RESULTS.md, issue 35):
+# a MoE layer under TP routes its rank's sequence shard (32 of the 64 tokens) with no TP collective.
+def test_moe_layers_under_tensor_x_expert_parallel_are_the_measured_ones():
+    """TP 2 x EP 2 on 4 ranks: attention shards over dp_shard 2 x TP 2, each MoE layer's router is an FSDP unit
+    over those 4 ranks, and its experts (4 of 8 a rank) are a unit over dp_shard_mod_ep = 1 rank, the same on both
+    TP ranks, whose gradients are averaged over TP."""
+    report, rank = _rank0(4, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
+    act = 2 * 32 * 256 * 2  # the block's activations, gathered and reduce-scattered by TP
+    assert _rows(rank, "tp")[:2] == [("all_gather", 2, 6, act), ("reduce_scatter", 2, 6, act)]
+    assert _rows(rank, "ep") == [("all_to_all", 2, 8, COPIES / 2), ("all_to_all", 2, 2, 64)]
+    router = 8 * 256
+    assert _rows(rank, "mfsdp") == [("all_gather", 4, 4, router * 2), ("reduce_scatter", 4, 2, router * 4)]
+    assert _rows(rank, "efsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    fsdp = {op: calls * nbytes for op, _, calls, nbytes in _rows(rank, "fsdp")}
+    assert fsdp == {"all_gather": 3 * 197_760 + 2 * 2_097_664, "reduce_scatter": 2 * 395_520 + 4_195_328}
+    # What each real rank held: the experts whole over TP, the rest in quarters.
+    experts = 2 * 8 * EXPERT
+    assert rank["memory_bytes"]["params"] == 5_643_008 == pytest.approx(
+        4 * ((report["num_params"] - experts) / 4 + experts / 2), rel=1e-3)
+
+
+def test_full_recomputation_of_a_moe_block_repeats_its_attention_collectives():
+    _, rank = _rank0(4, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode",
+                     "full")
+    assert [(op, calls) for op, _, calls, _ in _rows(rank, "tp")[:2]] == [("all_gather", 8), ("reduce_scatter", 8)]
+
+
+def test_experts_under_tensor_parallel_shard_over_the_rest_of_data_parallel():
+    """TP 2 x EP 2 x dp_shard_mod_ep 2 on 8 ranks, as measured: the 4 local experts gathered from 2 shards, their
+    gradients reduce-scattered, then each rank's half averaged over TP."""
+    _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
+    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 4 * EXPERT * 2), ("reduce_scatter", 2, 2, 4 * EXPERT * 4),
+                                    ("all_reduce", 2, 2, 2 * EXPERT * 4)]
+    assert _rows(rank, "mfsdp") == [("all_gather", 8, 4, 8 * 256 * 2), ("reduce_scatter", 8, 2, 8 * 256 * 4)]
+    assert rank["memory_bytes"]["params"] == 2_821_504
+
+
+def test_experts_under_hsdp_x_tensor_parallel_are_replicated_over_dp_replicate():
+    """HSDP 2 x 2 x TP 2 with EP 2 and op-level SAC on 8 ranks, as measured: the experts' unit shards over
+    dp_shard_mod_ep of one rank, so its gradients are only all-reduced over the replicas, then over TP; the routers'
+    units all-reduce their shards over the replicas too."""
+    _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2",
+                     "--parallelism.data_parallel_replicate_degree", "2", "--activation_checkpoint.mode", "selective",
+                     "--activation_checkpoint.selective_ac_option", "op")
+    assert _rows(rank, "ehsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "efsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "mhsdp") == [("all_reduce", 2, 2, 8 * 256 // 4 * 4)]
+    # The op policy saves the reduce-scatters' outputs but not the gathers' nor the all-to-alls'.
+    assert [calls for op, _, calls, _ in _rows(rank, "tp")[:2]] == [8, 6]
+    assert [calls for *_, calls, _ in _rows(rank, "ep")] == [12, 4]
+    assert rank["memory_bytes"]["params"] == 5_643_008
+
+
+def test_moe_layers_under_tensor_parallel_alone_are_fsdp_units_over_it():
+    """TP 2 on 2 ranks, no data parallel: each MoE layer (router and 8 experts) is whole on both ranks, gathered
+    in fp32 (no other FSDP, so the forward autocasts) for forward and backward."""
+    _, rank = _rank0(2, 1, Hardware(), "--parallelism.tensor_parallel_degree", "2")
+    layer = (8 * 256 + 8 * EXPERT) * 4
+    assert _rows(rank, "mfsdp") == [("all_gather", 2, 4, layer), ("reduce_scatter", 2, 2, layer)]
+    assert rank["memory_bytes"]["params"] == 8_140_288
+
+
+def test_routing_imbalance_slows_and_grows_the_busiest_expert_rank():
+    """--estimate.moe_imbalance 1.3, an input: the busiest rank of EP 2 receives 1.3 x the balanced copies, computes
+    them (k = 2 experts' three matrices a copy, 2 blocks x 64 tokens) and keeps their grouped-GEMM activations."""
+    hw = Hardware(peak_tflops=1.0)
+    _, balanced = _rank0(4, 2, hw)
+    _, busy = _rank0(4, 2, Hardware(peak_tflops=1.0, moe_imbalance=1.3))
+    assert _rows(busy, "ep") == [("all_to_all", 2, 8, pytest.approx(1.3 * COPIES)), ("all_to_all", 2, 2, 64)]
+    routed_flops = 6 * 2 * EXPERT * 2 * 64
+    assert busy["compute_s_per_microbatch"] - balanced["compute_s_per_microbatch"] == pytest.approx(
+        0.3 * routed_flops / (1e12 * hw.mfu))
+    extra = busy["memory_bytes"]["activations"] - balanced["memory_bytes"]["activations"]
+    assert extra == pytest.approx(0.3 * 2 * (256 + 4 * 128) * 64 * 2 * 2)  # k x (input + 4 hidden) x tokens x bf16
+    # The same FLOPs count towards MFU: the busiest rank's extra work is waiting, not model FLOPs.
+    assert busy["model_flops_per_microbatch"] == balanced["model_flops_per_microbatch"]
+
+
+def test_without_expert_parallel_imbalance_changes_nothing():
+    # Every rank computes all k copies of its own tokens, however they are routed.
+    balanced, busy = (_rank0(2, 1, Hardware(moe_imbalance=m))[1] for m in (1.0, 1.5))
+    assert busy == balanced
