@@ -54,8 +54,10 @@ class _ExpertParallelForward:
 
     def __call__(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         counts_RL = counts_E.view(self.ep, -1)  # copies this rank sends to each rank's local experts
-        received_RL = torch.empty_like(counts_RL)
-        dist.all_to_all_single(received_RL, counts_RL, group=self.group)
+        # Functional collectives only: op-level activation checkpointing saves their outputs instead of
+        # communicating again in the recompute (titan.distributed.activation_checkpoint).
+        received_RL = funcol.wait_tensor(
+            funcol.all_to_all_single(counts_RL.flatten(), None, None, self.group)).view_as(counts_RL)
         send, recv = counts_RL.sum(dim=1).tolist(), received_RL.sum(dim=1).tolist()
         x_MD = funcol.all_to_all_single_autograd(x_ND, recv, send, self.group)
         # Received rank by rank, each rank's copies by local expert: regroup by local expert, rank order within,
