@@ -1,7 +1,8 @@
 """Expert parallel over 2 gloo ranks gives the one-process MoE layer's outputs and gradients (fp32, 1e-5; the
-loss is the mean over ranks of each rank's own, as under data parallel), for
-Qwen3-MoE and DeepSeek-V3 routing, with the grouped GEMM and the per-expert loop, comm_stats counts its
-all-to-all bytes, and op-level activation checkpointing saves its all-to-alls instead of recomputing them. One 2-rank job (this module's __main__) runs every case; the tests read what it saved."""
+loss is the mean over ranks of each rank's own, as under data parallel), for Qwen3-MoE and DeepSeek-V3 routing, with
+the grouped GEMM and the per-expert loop; comm_stats counts its all-to-all bytes, and op-level activation
+checkpointing saves its all-to-alls instead of recomputing them. One 2-rank job (this module's __main__) runs every
+case; the tests read what it saved."""
 
 import copy
 import os
