@@ -1,4 +1,6 @@
-"""Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory.
+"""Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory, and
+compiled op-level checkpointing keeps expert parallel's all-to-alls out of the recompute (eager: in
+test_expert_parallel.py).
 
 Tolerance: recomputation runs the same ops in the same order, so fp32 losses and gradients match eager to rtol 1e-6.
 """
@@ -12,8 +14,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from titan.config.job_config import ActivationCheckpoint
+from titan.config.job_config import ActivationCheckpoint, Compile
 from titan.distributed import apply_ac
+from titan.distributed.compile import apply_compile
 from titan.models.llama3.model import ModelArgs, Transformer
 
 ARGS = ModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=16, max_seq_len=64)
@@ -109,3 +112,36 @@ def test_each_mode_wraps_the_blocks_it_names(mode, option, wrapped):
         model = Transformer(ARGS)
     apply_ac(model, ActivationCheckpoint(mode=mode, selective_ac_option=option))
     assert [i for i, block in enumerate(model.layers.values()) if isinstance(block, CheckpointWrapper)] == wrapped
+
+
+def test_compiled_op_level_checkpointing_does_not_recompute_the_all_to_alls(world_of_one):
+    """Compiled, AOT autograd's partitioner decides what backward recomputes, from the policy's tags: with the
+    all-to-alls saved, the forward graph holds the three all-to-alls (counts, dispatch, combine) and the backward
+    graph only the token exchanges' own two, as without checkpointing (recomputing them adds three: measured with
+    the all-to-all left out of the policy). Expert parallel over the one rank."""
+    from functorch.compile import make_boxed_func
+    from torch import nn
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan.distributed.expert_parallel import apply_expert_parallel
+    from titan.models.common.moe import MoE, MoEArgs
+
+    calls = {"forward": 0, "backward": 0}
+
+    def counting(graph_kind: str):
+        def compiler(gm, _):
+            calls[graph_kind] += sum(n.target == torch.ops._c10d_functional.all_to_all_single.default
+                                     for n in gm.graph.nodes)
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": MoE(16, MoEArgs(num_experts=8, top_k=2, hidden_dim=8, route_norm=True))})
+    model.layers["0"].init_weights(0.1)
+    apply_expert_parallel(model, init_device_mesh("cpu", (1,), mesh_dim_names=("ep",)))
+    apply_ac(model, ActivationCheckpoint(mode="selective", selective_ac_option="op"))
+    backend = aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+    apply_compile(model, Compile(enable=True, components=["model"], backend=backend))
+    model.layers["0"](torch.randn(24, 16, requires_grad=True)).sum().backward()
+    assert calls == {"forward": 3, "backward": 2}
