@@ -1,7 +1,8 @@
 """MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 4, pipeline
 parallel and context parallel (each alone and with expert parallel) and compiled blocks give the one-process eager
-losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of every layer whichever stage holds
-it, and expert parallel on a model without experts is one error line."""
+losses and gradient norms (fp32, 1e-5), Qwen3-MoE's per-layer balance loss too with MoE layers on both pipeline
+stages, metrics.jsonl carries the experts' load of every layer whichever stage holds it (worst layer and summed over
+the layers), and expert parallel on a model without experts is one error line."""
 
 import pytest
 

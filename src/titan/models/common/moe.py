@@ -55,9 +55,10 @@ class MoEArgs:
     balance_loss: Literal["all_layers", "per_layer"] = "all_layers"
     """all_layers: transformers' loss, one Switch loss over all the layers' routing at once (the experts' counts
     summed over layers are balanced, single layers may stay skewed; under pipeline parallel taken per stage, an
-    approximation). per_layer: each layer's own Switch loss E * sum_e f_e P_e, summed over the layers as TorchTitan
-    and Megatron-LM do (each layer adds coef x its own loss), so that every layer is balanced; separable, so
-    pipeline parallel gives the one-process loss exactly."""
+    approximation). per_layer: each layer's own Switch loss E * sum_e f_e P_e (f_e counting a token's k copies, as
+    transformers' does; Megatron-LM's divides by k), summed over the layers as TorchTitan and Megatron-LM do (each
+    layer adds coef x its own loss), so that every layer is balanced; separable, so pipeline parallel gives the
+    one-process loss exactly."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
