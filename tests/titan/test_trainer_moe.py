@@ -108,7 +108,9 @@ def assert_same_load(records, reference):
 CP_MODELS = {"qwen3_moe": PP_MODELS["qwen3_moe"],
              "deepseek_v3": [*PP_MODELS["deepseek_v3"], "--model.n_dense_layers", "1", "--model.rope_factor", "4",
                              "--model.rope_original_max_seq_len", "16", "--model.rope_mscale", "1",
-                             "--model.rope_mscale_all_dim", "1"]}
+                             "--model.rope_mscale_all_dim", "1"],
+             # Each layer's expert counts [L, E] summed over the cp ranks, where the all-layer loss sums an [E].
+             "qwen3_moe_per_layer": [*PP_MODELS["qwen3_moe"], "--model.balance_loss", "per_layer"]}
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 
 
