@@ -85,8 +85,8 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
     pytest.param("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "GPipe"], marks=pytest.mark.slow),
     pytest.param("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"],
                  marks=pytest.mark.slow),
-], ids=["qwen3_moe-pp2-1f1b", "qwen3_moe-per-layer-pp2-1f1b", "deepseek_v3-pp2-interleaved", "qwen3_moe-pp2xep2-interleaved",
-        "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
+], ids=["qwen3_moe-pp2-1f1b", "qwen3_moe-per-layer-pp2-1f1b", "deepseek_v3-pp2-interleaved",
+        "qwen3_moe-pp2xep2-interleaved", "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
 def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
     # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
     run_train([*TINY, *PP_RUNS[model], *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
