@@ -303,8 +303,8 @@ class ModelParts:
     placement: PipelinePlacement | None
     num_params: int
     flops_per_token: float
-    has_experts: bool
-    """The whole model has MoE layers (a pipeline stage of this rank may have none)."""
+    num_experts: int
+    """Experts of each MoE layer of the whole model, 0 without any (a pipeline stage of this rank may have none)."""
 
 
 def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: ParallelDims, device: torch.device,
@@ -313,8 +313,8 @@ def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: Para
     warn_if_bf16_is_slow(device, cfg)
     with torch.device("meta"):
         model = spec.build_model(model_args)
-    has_experts = any(isinstance(m, MoE) for m in model.modules())
-    if pd.ep_enabled and not has_experts:
+    num_experts = next((m.args.num_experts for m in model.modules() if isinstance(m, MoE)), 0)
+    if pd.ep_enabled and not num_experts:
         raise UserError(f"parallelism.expert_parallel_degree {pd.ep} needs a model with experts; "
                         f"{spec.name}/{cfg.model.flavor} has none: set it to 1")
     num_params = sum(p.numel() for p in model.parameters())
@@ -331,7 +331,7 @@ def build_model_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: Para
     parts, placement = split_for_pipeline(model, spec.name, pd, cfg.parallelism) if pp else ([model], None)
     parts = [spec.parallelize(part, pd, cfg) for part in parts]
     materialize(parts, device, initial_state_dict, pipelined=pp, broadcast=full_init and not pp, seed=cfg.debug.seed)
-    return ModelParts(parts, placement, num_params, flops_per_token, has_experts)
+    return ModelParts(parts, placement, num_params, flops_per_token, num_experts)
 
 
 def build_initialized_parts(spec: ModelSpec, model_args: Any, cfg: JobConfig, pd: ParallelDims,

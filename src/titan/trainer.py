@@ -116,7 +116,8 @@ class Trainer:
         self.num_params, self.flops_per_token = built.num_params, built.flops_per_token
         # Every pipeline rank of a model with experts reports their load (a stage may hold dense blocks only).
         self.moe_pp_group = (self.parallel_dims.world_mesh["pp"].get_group()
-                             if built.has_experts and self.parallel_dims.pp_enabled else None)
+                             if built.num_experts and self.parallel_dims.pp_enabled else None)
+        self.num_experts = built.num_experts
         self.forward = ForwardPath(built.parts, built.placement, self.parallel_dims, cfg, self.device,
                                    compile_loss(self.spec.loss_fn, cfg.compile), self.spec.metrics_fn,
                                    self.grad_accum_steps, TORCH_DTYPES[cfg.training.mixed_precision_param])
@@ -183,7 +184,7 @@ class Trainer:
         # MoE: token counts summed over the ranks that see other tokens (each TP rank its sequence shard), biases moved.
         dp = self.parallel_dims.submesh("dp_cp_tp" if self.parallel_dims.tp_enabled else "dp_cp")
         moe_names, moe_values = expert_load_values(self.model_parts, dp.get_group() if dp is not None else None,
-                                                   self.moe_pp_group)
+                                                   self.moe_pp_group, self.num_experts)
         device_values = torch.cat([moe_values.to(self.device), reduced.double(), grad_norm.reshape(1).double(),
                                    self.nonfinite.state.double()])
         return {"tokens": tokens, "names": names, "moe_names": moe_names, "device_values": device_values}

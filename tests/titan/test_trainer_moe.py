@@ -1,7 +1,8 @@
 """MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 4, pipeline
 parallel and context parallel (each alone, with expert parallel, and with each other over 4 ranks) and compiled
-blocks give the one-process eager losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of
-every layer whichever stage holds it, and expert parallel on a model without experts is one error line."""
+blocks give the one-process eager losses and gradient norms (fp32, 1e-5), Qwen3-MoE's per-layer balance loss too with
+MoE layers on both pipeline stages, metrics.jsonl carries the experts' load of every layer whichever stage holds it
+(worst layer and summed over the layers), and expert parallel on a model without experts is one error line."""
 
 import pytest
 
@@ -22,6 +23,7 @@ def test_expert_parallel_2_matches_one_process(tmp_path, model):
         # 2 x 32 tokens a sequence x k routed copies, counted over both ranks as in one process.
         assert got["moe_tokens_max"] == want["moe_tokens_max"] and got["moe_tokens_min"] == want["moe_tokens_min"]
         assert 1 <= got["moe_imbalance"] == pytest.approx(want["moe_imbalance"])
+        assert 1 <= got["moe_imbalance_all_layers"] == pytest.approx(want["moe_imbalance_all_layers"])
 
 
 def test_expert_x_tensor_parallel_matches_one_process(tmp_path):
@@ -51,7 +53,10 @@ PP_MODELS = {"qwen3_moe": [*MOE_MODELS["qwen3_moe"], "--model.aux_loss_coef", "0
                              "--model.bias_update_rate", "0.01"]}
 # Each pipeline stage takes the balance loss over its own layers (MoEArgs.aux_loss_coef): Qwen3-MoE's two MoE layers,
 # 1 and 2 of 5, share a stage in both splits (0-2 | 3-4 and 0 | 1-2 | 3 | 4), where it is the loss of all layers.
+# The per-layer loss is a sum over layers, exact however the layers are split: MoE layers 1-3 of 4 on both stages.
 PP_RUNS = {"qwen3_moe": [*PP_MODELS["qwen3_moe"], *STEPS, "--model.n_layers", "5", "--model.mlp_only_layers", "0,3,4"],
+           "qwen3_moe_per_layer": [*PP_MODELS["qwen3_moe"], *STEPS, "--model.n_layers", "4",
+                                   "--model.mlp_only_layers", "0", "--model.balance_loss", "per_layer"],
            "deepseek_v3": [*PP_MODELS["deepseek_v3"], *STEPS, "--model.n_layers", "4"]}
 
 
@@ -73,14 +78,15 @@ EP2 = ["--parallelism.expert_parallel_degree", "2"]
 
 @pytest.mark.parametrize("model, nproc, layout", [
     ("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
+    ("qwen3_moe_per_layer", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
     ("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
     ("qwen3_moe", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]),
     ("deepseek_v3", 4, [*PP2, *EP2, "--parallelism.pipeline_parallel_schedule", "1F1B"]),
     pytest.param("qwen3_moe", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "GPipe"], marks=pytest.mark.slow),
     pytest.param("deepseek_v3", 2, [*PP2, "--parallelism.pipeline_parallel_schedule", "1F1B"],
                  marks=pytest.mark.slow),
-], ids=["qwen3_moe-pp2-1f1b", "deepseek_v3-pp2-interleaved", "qwen3_moe-pp2xep2-interleaved",
-        "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
+], ids=["qwen3_moe-pp2-1f1b", "qwen3_moe-per-layer-pp2-1f1b", "deepseek_v3-pp2-interleaved",
+        "qwen3_moe-pp2xep2-interleaved", "deepseek_v3-pp2xep2-1f1b", "qwen3_moe-pp2-gpipe", "deepseek_v3-pp2-1f1b"])
 def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, model, nproc, layout):
     # Local batch 2 in micro-batches of one sequence, over 4 // (nproc // 2) accumulation steps.
     run_train([*TINY, *PP_RUNS[model], *layout, "--job.dump_folder", str(tmp_path)], nproc=nproc)
@@ -90,9 +96,11 @@ def test_pipeline_parallel_matches_one_process(tmp_path, one_sequence_batches, m
 def assert_same_load(records, reference):
     assert_same_run(records, reference)
     for got, want in zip(records, reference):
-        # Summed over micro-batches and data-parallel ranks, min and max over every stage's layers.
+        # Summed over micro-batches and data-parallel ranks, min and max over every stage's layers; the experts'
+        # counts summed over all stages' layers.
         assert (got["moe_tokens_min"], got["moe_tokens_max"]) == (want["moe_tokens_min"], want["moe_tokens_max"])
         assert got["moe_imbalance"] == pytest.approx(want["moe_imbalance"])
+        assert 1 <= got["moe_imbalance_all_layers"] == pytest.approx(want["moe_imbalance_all_layers"])
 
 
 # Context parallel: the balance loss counts each whole sequence over the cp ranks; DeepSeek-V3's MLA (qk head dim
@@ -100,7 +108,9 @@ def assert_same_load(records, reference):
 CP_MODELS = {"qwen3_moe": PP_MODELS["qwen3_moe"],
              "deepseek_v3": [*PP_MODELS["deepseek_v3"], "--model.n_dense_layers", "1", "--model.rope_factor", "4",
                              "--model.rope_original_max_seq_len", "16", "--model.rope_mscale", "1",
-                             "--model.rope_mscale_all_dim", "1"]}
+                             "--model.rope_mscale_all_dim", "1"],
+             # Each layer's expert counts [L, E] summed over the cp ranks, where the all-layer loss sums an [E].
+             "qwen3_moe_per_layer": [*PP_MODELS["qwen3_moe"], "--model.balance_loss", "per_layer"]}
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 
 

@@ -203,7 +203,7 @@ def summarize(name: str, overrides: dict[str, str], runs: list[dict[str, Any]], 
         "final_loss": _median([rec["loss"] for rec in last]),
         "losses": [_median([r["records"][i]["loss"] for r in runs])
                    for i in range(min(len(r["records"]) for r in runs))],
-        "moe_imbalance": _median([rec.get("moe_imbalance") for rec in kept]),
+        **{k: _median([rec.get(k) for rec in kept]) for k in ("moe_imbalance", "moe_imbalance_all_layers")},
     }
 
 
@@ -223,7 +223,7 @@ def _fmt(value: Any, spec: str) -> str:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     moe = any(r.get("moe_imbalance") is not None for r in rows)
     names = ["recipe", "tokens/s/rank", "MFU %", "peak memory GiB", "loss @ last step", "max loss diff vs first",
-             *(["MoE imbalance"] if moe else []), "speedup"]
+             *(["MoE imbalance (worst layer)", "MoE imbalance (all layers)"] if moe else []), "speedup"]
     lines = ["| " + " | ".join(names) + " |", "|---" + "|---:" * (len(names) - 1) + "|"]
     for r in rows:
         if not r["ok"]:
@@ -231,7 +231,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             continue
         cells = [r["recipe"], _fmt(r["tps"], ",.0f"), _fmt(r["mfu"], ".2f"), _fmt(r["memory_gib"], ".2f"),
                  _fmt(r["final_loss"], ".4f"), _fmt(r["max_loss_diff"], ".2e"),
-                 *([_fmt(r["moe_imbalance"], ".3f")] if moe else []), _fmt(r["speedup"], ".2f") + "x"]
+                 *([_fmt(r["moe_imbalance"], ".3f"), _fmt(r["moe_imbalance_all_layers"], ".3f")] if moe else []),
+                 _fmt(r["speedup"], ".2f") + "x"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

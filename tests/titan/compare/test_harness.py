@@ -108,7 +108,9 @@ def test_compare_puts_expert_parallel_beside_data_parallel_with_equal_losses(tmp
     fsdp, ep = rows
     assert ep["overrides"] == {"parallelism.expert_parallel_degree": "2"} and len(ep["losses"]) == 3
     assert ep["losses"] == pytest.approx(fsdp["losses"], rel=1e-5) and ep["max_loss_diff"] < 1e-4
-    assert 1 <= ep["moe_imbalance"] == pytest.approx(fsdp["moe_imbalance"])
+    for key in ("moe_imbalance", "moe_imbalance_all_layers"):
+        assert 1 <= ep[key] == pytest.approx(fsdp[key])
     header, _, *lines = (out / "results.md").read_text().splitlines()[2:]
-    assert "| max loss diff vs first | MoE imbalance | speedup |" in header
-    assert lines[1].startswith("| ep2 | ") and f"| {ep['moe_imbalance']:.3f} |" in lines[1]
+    assert "| MoE imbalance (worst layer) | MoE imbalance (all layers) | speedup |" in header
+    assert lines[1].startswith("| ep2 | ")
+    assert f"| {ep['moe_imbalance']:.3f} | {ep['moe_imbalance_all_layers']:.3f} |" in lines[1]

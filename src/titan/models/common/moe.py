@@ -48,10 +48,17 @@ class MoEArgs:
     by this much towards balance (up when under-loaded). 0 keeps the bias as loaded."""
     aux_loss_coef: float = 0.0
     """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef): in training each layer records its routing, and
-    the model adds the loss over all its layers to the gradient (add_balance_loss). It is taken over the tokens a
-    rank routes (its data-parallel batch, under tensor parallel its sequence shard; whole sequences under context
-    parallel) and so averaged over those shards, not over the global batch; under pipeline parallel each stage's
-    layers."""
+    the model adds coef x the loss to the gradient (add_balance_loss). It is taken per forward shard, over the
+    tokens a rank routes in one forward (a micro-batch of its data-parallel batch, under tensor parallel its
+    sequence shard; whole sequences under context parallel), and so averaged over those shards, not taken over the
+    global batch; under pipeline parallel over each stage's own layers (see balance_loss)."""
+    balance_loss: Literal["all_layers", "per_layer"] = "all_layers"
+    """all_layers: transformers' loss, one Switch loss over all the layers' routing at once (the experts' counts
+    summed over layers are balanced, single layers may stay skewed; under pipeline parallel taken per stage, an
+    approximation). per_layer: each layer's own Switch loss E * sum_e f_e P_e (f_e counting a token's k copies, as
+    transformers' does; Megatron-LM's divides by k), summed over the layers as TorchTitan and Megatron-LM do (each
+    layer adds coef x its own loss), so that every layer is balanced; separable, so pipeline parallel gives the
+    one-process loss exactly."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -70,6 +77,8 @@ class MoEArgs:
                             f"{self.top_k}, topk_groups {self.topk_groups}")
         if self.num_shared_experts < 0 or self.bias_update_rate < 0 or self.aux_loss_coef < 0:
             raise UserError("moe num_shared_experts, bias_update_rate and aux_loss_coef must be >= 0")
+        if self.balance_loss not in ("all_layers", "per_layer"):
+            raise UserError(f"moe balance_loss must be all_layers or per_layer, got {self.balance_loss!r}")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -226,25 +235,29 @@ def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return experts_N.new_zeros(num_experts).scatter_add_(0, experts_N, torch.ones_like(experts_N))
 
 
-def load_balancing_loss(prob_sums_LE: torch.Tensor, counts_LE: torch.Tensor, tokens: int,
-                        group=None) -> torch.Tensor:
-    """Switch Transformer's balance loss as transformers' Qwen3-MoE computes it over all L layers' routing at once
-    (not per layer): E * sum_e f_e * P_e, with f_e expert e's routed copies over the L*T token rows and P_e its
-    mean router probability over them. prob_sums_LE: each layer's probabilities summed over its T tokens.
+def load_balancing_loss(prob_sums_LE: torch.Tensor, counts_LE: torch.Tensor, tokens: int, group=None,
+                        per_layer: bool = False) -> torch.Tensor:
+    """Switch Transformer's balance loss E * sum_e f_e * P_e, with f_e expert e's routed copies over the token rows
+    and P_e its mean router probability over them. By default as transformers' Qwen3-MoE computes it, over all L
+    layers' routing at once (L*T rows); `per_layer`: each layer's own loss over its T rows, summed over the layers.
+    prob_sums_LE: each layer's probabilities summed over its T tokens.
 
     `group`: the ranks holding the rest of these sequences (context parallel). f_e is then that of all their
     tokens, and P_e this rank's part of their mean times the group size, since data parallel averages the ranks'
     gradients: the average is the gradient of the whole sequences' loss."""
-    rows = prob_sums_LE.shape[0] * tokens
-    counts_E = counts_LE.sum(dim=0).to(prob_sums_LE.dtype)
+    counts_LE = counts_LE.to(prob_sums_LE.dtype)
+    if not per_layer:  # one "layer" of L*T rows
+        tokens *= len(counts_LE)
+        prob_sums_LE, counts_LE = prob_sums_LE.sum(dim=0, keepdim=True), counts_LE.sum(dim=0, keepdim=True)
     if group is not None:
-        counts_E = funcol.all_reduce(counts_E, "sum", group) / torch.distributed.get_world_size(group)
-    return prob_sums_LE.shape[-1] * (counts_E / rows * prob_sums_LE.sum(dim=0) / rows).sum()
+        counts_LE = funcol.all_reduce(counts_LE, "sum", group) / torch.distributed.get_world_size(group)
+    return prob_sums_LE.shape[-1] * (counts_LE / tokens * prob_sums_LE / tokens).sum()
 
 
 def add_balance_loss(out: torch.Tensor, layers: list[MoE]) -> torch.Tensor:
-    """`out` unchanged, with coef * the balance loss over the routing `layers` recorded in this forward added to
-    the loss's gradient (MoEArgs.aux_loss_coef, times the trainer's scale); the records are consumed."""
+    """`out` unchanged, with coef * the balance loss (MoEArgs.balance_loss) over the routing `layers` recorded in
+    this forward added to the loss's gradient (MoEArgs.aux_loss_coef, times the trainer's scale); the records are
+    consumed."""
     stats = [m.balance_stats for m in layers if m.balance_stats is not None]
     for moe in layers:
         moe.balance_stats = None
@@ -252,7 +265,7 @@ def add_balance_loss(out: torch.Tensor, layers: list[MoE]) -> torch.Tensor:
         return out
     first = layers[0]
     loss = load_balancing_loss(torch.stack([p for p, _, _ in stats]), torch.stack([c for _, c, _ in stats]),
-                               stats[0][2], first.aux_loss_group)
+                               stats[0][2], first.aux_loss_group, first.args.balance_loss == "per_layer")
     return _AuxLossGrad.apply(out, first.args.aux_loss_coef * first.aux_loss_scale * loss)
 
 
@@ -314,18 +327,21 @@ class MoE(nn.Module):
             self.router.expert_bias.zero_()
 
 
-LOAD_METRICS = ("moe_tokens_min", "moe_tokens_max", "moe_imbalance")
+LOAD_METRICS = ("moe_tokens_min", "moe_tokens_max", "moe_imbalance", "moe_imbalance_all_layers")
 
 
 @torch.no_grad()
-def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=None) -> dict[str, torch.Tensor]:
+def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=None,
+                     num_experts: int = 0) -> dict[str, torch.Tensor]:
     """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that see other
     tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves
-    DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen (tokens per
-    expert, min and max over layers and experts, and imbalance = max / mean, worst layer) as 0-d tensors on the
-    device, read by the host only when it logs. `model`: a model or a rank's pipeline stages;
-    `pp_group`: the pipeline ranks, whose stages hold the other layers (the model has experts, so every stage takes
-    part, one without MoE layers too). Nothing when there is no MoE layer and no pipeline."""
+    DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen as 0-d tensors on
+    the device, read by the host only when it logs: tokens per expert, min and max over layers and experts;
+    imbalance = max / mean of the worst layer; imbalance_all_layers = max / mean of the experts' counts summed over
+    the layers (what the all-layer balance loss balances). `model`: a model or a rank's pipeline stages; `pp_group`:
+    the pipeline ranks, whose stages hold the other layers (the model has experts, so every stage takes part, one
+    without MoE layers too, which needs `num_experts`, that of every MoE layer). Nothing when there is no MoE layer
+    and no pipeline."""
     parts = model if isinstance(model, list) else [model]
     layers = [m for part in parts for m in part.modules() if isinstance(m, MoE)]
     if not layers and pp_group is None:
@@ -340,21 +356,28 @@ def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=No
                 bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
             moe.tokens_per_expert.zero_()
         mean_L = counts_LE.mean(dim=1).clamp(min=1)
-        # -min, so that one MAX all-reduce combines the stages' three values.
+        # -min, so that the stages' three values combine by a max.
         stats = torch.stack([-counts_LE.min(), counts_LE.max(), (counts_LE.max(dim=1).values / mean_L).max()])
-    else:  # a stage of dense blocks: the identity of each MAX
+        counts_E = counts_LE.sum(dim=0)
+    else:  # a stage of dense blocks: the identity of each max, and no tokens
         device = next(b.device for part in parts for b in (*part.parameters(), *part.buffers()))
         stats = torch.tensor([-torch.inf, 0.0, 0.0], device=device)
-    if pp_group is not None:
-        stats = stats.double()
-        torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX, group=pp_group)
-    return dict(zip(LOAD_METRICS, (-stats[0], stats[1], stats[2])))
+        counts_E = torch.zeros(num_experts, device=device)
+    values = torch.cat([stats.double(), counts_E.double()])
+    if pp_group is not None:  # one gather: the stages' stats combine by a max, their counts by a sum
+        gathered = [torch.empty_like(values) for _ in range(torch.distributed.get_world_size(pp_group))]
+        torch.distributed.all_gather(gathered, values, group=pp_group)
+        stages_SV = torch.stack(gathered)
+        values = torch.cat([stages_SV[:, :3].max(dim=0).values, stages_SV[:, 3:].sum(dim=0)])
+    stats, counts_E = values[:3], values[3:]
+    return dict(zip(LOAD_METRICS, (-stats[0], stats[1], stats[2], counts_E.max() / counts_E.mean().clamp(min=1))))
 
 
-def expert_load_values(parts: list[nn.Module], group=None, pp_group=None) -> tuple[list[str], torch.Tensor]:
+def expert_load_values(parts: list[nn.Module], group=None, pp_group=None,
+                       num_experts: int = 0) -> tuple[list[str], torch.Tensor]:
     """expert_load_step over a rank's model parts: the metric names and their values as one float64 device tensor
     (empty without MoE layers)."""
-    stats = expert_load_step(parts, group, pp_group)
+    stats = expert_load_step(parts, group, pp_group, num_experts)
     values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
     return list(stats), values
 

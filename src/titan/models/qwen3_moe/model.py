@@ -5,6 +5,7 @@ block but the `mlp_only_layers`, which keep a dense SwiGLU."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -34,9 +35,13 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
     aux_loss_coef: float = 0.001
-    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss, over all MoE layers at once, is
-    per shard of tokens (each data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over
-    the shards; under pipeline parallel, over each stage's layers (MoEArgs.aux_loss_coef)."""
+    """Load-balancing loss weight in training (HF router_aux_loss_coef); the loss is per forward shard of tokens
+    (each micro-batch of a data-parallel rank's batch, each tensor-parallel rank's sequence shard), averaged over
+    the shards; under pipeline parallel over each stage's layers (MoEArgs.aux_loss_coef)."""
+    balance_loss: Literal["all_layers", "per_layer"] = "all_layers"
+    """all_layers: transformers' loss over all MoE layers' routing at once (taken per stage under pipeline
+    parallel); per_layer: each layer's own Switch loss, summed over the layers, as TorchTitan (MoEArgs.balance_loss).
+    Training only: no Hugging Face field."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -49,7 +54,7 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
     def moe_args(self) -> MoEArgs:
         return MoEArgs(num_experts=self.num_experts, top_k=self.top_k, hidden_dim=self.moe_hidden_dim,
                        route_norm=self.route_norm, aux_loss_coef=self.aux_loss_coef,
-                       use_grouped_mm=self.use_grouped_mm)
+                       balance_loss=self.balance_loss, use_grouped_mm=self.use_grouped_mm)
 
     def is_moe_layer(self, layer_id: int) -> bool:
         return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
@@ -70,8 +75,8 @@ class Qwen3MoeDecoder(Decoder):
             moe.init_buffers()
 
     def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """The Decoder's forward; in training, the balance loss over all this model's MoE layers (as transformers
-        computes it; a pipeline stage's own layers) goes into the gradient."""
+        """The Decoder's forward; in training, the balance loss of this model's MoE layers (a pipeline stage's own
+        layers) goes into the gradient."""
         return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
 
 

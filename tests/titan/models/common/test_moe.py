@@ -133,16 +133,20 @@ def test_grouped_mm_equals_the_per_expert_loop_in_fp32_forward_and_backward():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_qwen3_balance_loss_is_transformers_over_all_layers_concatenated():
-    # Three layers' router logits with different loads: one loss over all of them, not the sum of per-layer losses.
+def test_qwen3_balance_loss_is_transformers_over_all_layers_concatenated_or_summed_per_layer():
+    """Three layers' router logits with different loads. By default one loss over all of them (transformers');
+    per_layer: the sum of transformers' loss of each layer alone (Switch's, TorchTitan's), not their mean."""
     generator = torch.Generator().manual_seed(0)
     logits = tuple(torch.randn(64, 8, generator=generator, dtype=torch.float64) * s for s in (0.5, 1.0, 3.0))
     probs = [x.softmax(dim=-1) for x in logits]
     counts = [torch.bincount(p.topk(2, dim=-1).indices.flatten(), minlength=8) for p in probs]
-    got = load_balancing_loss(torch.stack([p.sum(dim=0) for p in probs]), torch.stack(counts), 64)
+    prob_sums = torch.stack([p.sum(dim=0) for p in probs])
+    got = load_balancing_loss(prob_sums, torch.stack(counts), 64)
     want = load_balancing_loss_func(logits, num_experts=8, top_k=2)  # float32 there
     torch.testing.assert_close(got, want.to(torch.float64), rtol=1e-6, atol=0)
-    per_layer = sum(load_balancing_loss(p.sum(dim=0)[None], c[None], 64) for p, c in zip(probs, counts))
+    per_layer = load_balancing_loss(prob_sums, torch.stack(counts), 64, per_layer=True)
+    want = sum(load_balancing_loss_func((x,), num_experts=8, top_k=2) for x in logits)
+    torch.testing.assert_close(per_layer, want.to(torch.float64), rtol=1e-6, atol=0)
     assert abs(per_layer / 3 - got) > 1e-3
 
 
@@ -176,17 +180,28 @@ def test_expert_load_step_reports_load_and_moves_the_bias_towards_balance():
     counts = ours.tokens_per_expert.clone()
     assert counts.sum() == 2 * 64 * 3
     stats = {k: v.item() for k, v in expert_load_step(ours).items()}
+    imbalance = pytest.approx((counts.max() / counts.mean()).item())
     assert stats == {"moe_tokens_min": counts.min().item(), "moe_tokens_max": counts.max().item(),
-                     "moe_imbalance": pytest.approx((counts.max() / counts.mean()).item())}
+                     "moe_imbalance": imbalance, "moe_imbalance_all_layers": imbalance}  # one layer
     step = ours.router.expert_bias - bias
     assert torch.allclose(step, 0.01 * torch.sign(counts.mean() - counts).double())
     assert ours.tokens_per_expert.sum() == 0
     assert expert_load_step(torch.nn.Linear(2, 2)) == {}
 
 
+def test_expert_load_reports_the_worst_layer_and_the_experts_summed_over_layers():
+    """Two layers skewed in opposite directions: each layer's imbalance is 1.5 (its busiest expert takes 1.5x the
+    mean), the experts' counts summed over the layers are even (1.0), what the all-layer balance loss balances."""
+    layers = torch.nn.ModuleList(MoE(DIM, MoEArgs(num_experts=4, top_k=1, hidden_dim=HIDDEN)) for _ in range(2))
+    layers[0].tokens_per_expert.copy_(torch.tensor([6.0, 4.0, 4.0, 2.0]))
+    layers[1].tokens_per_expert.copy_(torch.tensor([2.0, 4.0, 4.0, 6.0]))
+    stats = {k: v.item() for k, v in expert_load_step(layers).items()}
+    assert stats == {"moe_tokens_min": 2, "moe_tokens_max": 6, "moe_imbalance": 1.5, "moe_imbalance_all_layers": 1.0}
+
+
 @pytest.mark.parametrize("kwargs", [dict(top_k=9), dict(n_groups=3), dict(n_groups=4, topk_groups=5),
                                     dict(score_func="relu"), dict(n_groups=8, topk_groups=2),
-                                    dict(n_groups=4, topk_groups=1, top_k=3)])
+                                    dict(n_groups=4, topk_groups=1, top_k=3), dict(balance_loss="per_expert")])
 def test_impossible_moe_args_are_user_errors(kwargs):
     with pytest.raises(UserError):
         MoEArgs(**{"num_experts": 8, **kwargs})

@@ -1,6 +1,8 @@
 """Qwen3-MoE against transformers: random small Qwen3MoeConfigs import through titan.hf.load and export through
 titan.hf.save with the same float64 logits (1e-6 relative), and the flavors have transformers' parameter counts."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from titan.models.qwen3_moe.hf_config import to_hf
 from titan.models.qwen3_moe.model import Qwen3MoeDecoder, active_params
 
 transformers = pytest.importorskip("transformers")
+from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func  # noqa: E402
 
 TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=80, moe_intermediate_size=16, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
@@ -112,6 +115,39 @@ def test_training_gradients_equal_transformers_loss_plus_balance_loss(tmp_path):
                                rtol=1e-6, atol=0)
     cross_entropy_loss(logits[:, :-1], tokens[:, 1:]).backward()
     out.loss.backward()
+    ours_grads = to_hf({name: p.grad for name, p in ours.named_parameters()}, ours.args)
+    theirs_grads = _hf_grads_per_expert(theirs)
+    assert ours_grads.keys() == theirs_grads.keys()
+    for name, want in theirs_grads.items():
+        assert _rel(ours_grads[name], want) < 1e-6, name
+
+
+def test_per_layer_balance_loss_is_the_sum_of_transformers_loss_of_each_layer_alone(tmp_path):
+    """balance_loss = "per_layer": the model adds coef x the sum over its MoE layers of transformers'
+    load_balancing_loss_func on that layer's router logits alone (Switch's per-layer loss); each layer's term, the
+    sum and every parameter gradient of loss + coef * sum equal theirs."""
+    coef = 0.3
+    theirs = _hf_model(router_aux_loss_coef=coef, norm_topk_prob=True)
+    theirs.save_pretrained(tmp_path)
+    loaded = titan.hf.load(tmp_path)
+    ours = Qwen3MoeDecoder(dataclasses.replace(loaded.args, balance_loss="per_layer")).to(torch.float64)
+    ours.load_state_dict(loaded.state_dict())
+    ours.train()
+    theirs.train()
+    tokens = _tokens(3)
+    out = theirs(tokens, output_router_logits=True)
+    num_experts, top_k = TINY["num_experts"], TINY["num_experts_per_tok"]
+    want_terms = [load_balancing_loss_func((r,), num_experts, top_k) for r in out.router_logits]
+    records = []
+    for moe in (m for m in ours.modules() if isinstance(m, MoE)):
+        moe.register_forward_hook(lambda m, args, y: records.append(m.balance_stats))
+    logits = ours(tokens)
+    assert len(records) == len(want_terms) == 3
+    for (prob_sums, counts, n), want in zip(records, want_terms):
+        got = load_balancing_loss(prob_sums[None], counts[None], n, per_layer=True)
+        torch.testing.assert_close(got.float(), want, rtol=1e-6, atol=0)
+    cross_entropy_loss(logits[:, :-1], tokens[:, 1:]).backward()
+    (cross_entropy_loss(out.logits[:, :-1], tokens[:, 1:]) + coef * sum(want_terms)).backward()
     ours_grads = to_hf({name: p.grad for name, p in ours.named_parameters()}, ours.args)
     theirs_grads = _hf_grads_per_expert(theirs)
     assert ours_grads.keys() == theirs_grads.keys()
