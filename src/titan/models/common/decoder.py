@@ -85,8 +85,10 @@ class DecoderArgs:
 CPU_FP32_ATTENTION_BELOW_HEAD_DIM = 64
 
 
-def causal_attention(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> torch.Tensor:
-    """Causal SDPA, grouped-query when k and v have fewer heads than q; in q's dtype.
+def causal_attention(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """Causal SDPA (scale 1/sqrt(head dim) unless given), grouped-query when k and v have fewer heads than q; in q's
+    dtype.
 
     On a CPU, bf16/fp16 heads narrower than 64 run in fp32: there PyTorch's CPU flash kernel is slower in bf16 than
     in fp32 (forward + backward at head dim 16 about 2x, at 32 1.1-1.3x, even at 64; benchmarks/RESULTS.md)."""
@@ -96,9 +98,9 @@ def causal_attention(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, v_BHTD: torch.T
             and q_BHTD.shape[-1] < CPU_FP32_ATTENTION_BELOW_HEAD_DIM):
         with torch.autocast("cpu", enabled=False):  # CPU autocast would cast the fp32 inputs back down
             out = F.scaled_dot_product_attention(q_BHTD.float(), k_BHTD.float(), v_BHTD.float(), is_causal=True,
-                                                 enable_gqa=gqa)
+                                                 scale=scale, enable_gqa=gqa)
         return out.to(q_BHTD.dtype)
-    return F.scaled_dot_product_attention(q_BHTD, k_BHTD, v_BHTD, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q_BHTD, k_BHTD, v_BHTD, is_causal=True, scale=scale, enable_gqa=gqa)
 
 
 class Attention(nn.Module):

@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from titan.models.common.decoder import causal_attention
 
 
-def _reference_BHTD(q, k, v):
+def _reference_BHTD(q, k, v, scale=None):
     """Causal softmax attention in float64, k and v heads repeated for grouped queries."""
     q, k, v = (t.double() for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
     T = q.shape[2]
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     return scores.softmax(-1) @ v
@@ -64,3 +64,11 @@ def test_outputs_and_gradients_match_float64_softmax_attention(head_dim, dtype, 
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
     for got, want in zip(_grads(out, (q, k, v), grad_out), _grads(expected, (q, k, v), grad_out.double())):
         torch.testing.assert_close(got.double(), want.double(), atol=4 * tol, rtol=4 * tol)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_a_given_scale_replaces_one_over_sqrt_head_dim(head_dim):
+    # DeepSeek-V3's attention scales by its unpadded query width and YaRN's mscale.
+    q, k, v = _qkv(head_dim, torch.bfloat16)
+    torch.testing.assert_close(causal_attention(q, k, v, scale=0.3).double(), _reference_BHTD(q, k, v, scale=0.3),
+                               atol=1e-2, rtol=1e-2)
