@@ -5,12 +5,13 @@ time goes per op class (attention, matmuls, norms, loss, optimizer, copies, elem
         [--variant NAME="--section.key value ..."] ... [--out outputs/bench_titan_mfu]
 
 Each variant is the config with its overrides (the first, `base`, has none unless given); the variants' steps run
-interleaved, round by round, so load from other jobs hits them alike. The first step of each is a warm-up (and
-compiles); one more step per variant runs under torch.profiler for the breakdown (self time of each op, on the
-host's threads: the CPU's time, or on CUDA the time to queue). The peak is the best square-matmul rate in the
-run's compute dtype, measured before, between and after the rounds, at each thread count a variant uses
-(`--debug.threads`): MFU divides by the peak of the variant's own thread count. The record names the CPU's bf16
-units (AMX, AVX512-BF16) that oneDNN had to run on.
+interleaved, round by round, so load from other jobs hits them alike; the table shows each variant's median wall
+seconds per step and median process CPU seconds (all threads: what load inflates least). The first step of each
+is a warm-up (and compiles); one more step per variant runs under torch.profiler for the breakdown (self time of
+each op, on the host's threads: the CPU's time, or on CUDA the time to queue). The peak is the best square-matmul
+rate in the run's compute dtype, measured before, between and after the rounds, at each thread count a variant
+uses (`--debug.threads`): MFU divides by the peak of the variant's own thread count. The record names the CPU's
+bf16 units (AMX, AVX512-BF16) that oneDNN had to run on.
 """
 
 from __future__ import annotations
@@ -81,15 +82,17 @@ class Contender:
         self.data = iter(self.trainer.dataloader)
         self.tokens_per_step = self.trainer.global_batch_size * self.config.training.seq_len
         self.step_s: list[float] = []
+        self.cpu_s: list[float] = []  # the process's CPU seconds per step (all threads): what load does not inflate
         self.peak_key = (self.trainer.threads, self.config.training.mixed_precision_param)
 
-    def step(self) -> float:
+    def step(self) -> tuple[float, float]:
+        """One training step: (wall seconds, process CPU seconds)."""
         torch.set_num_threads(self.trainer.threads)  # the process-wide count: each variant runs at its own
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = self.trainer.train_step(self.data)
         self.trainer.step += 1
         self.trainer.read_step(out)  # waits for the device
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     def profiled_step(self, top: int) -> dict[str, float]:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=top > 0) as prof:
@@ -136,16 +139,20 @@ def main() -> None:
         c.step()  # warm-up (and compile)
     for _ in range(args.steps):
         for c in contenders:
-            c.step_s.append(c.step())
+            wall_s, cpu_s = c.step()
+            c.step_s.append(wall_s)
+            c.cpu_s.append(cpu_s)
         measure_peaks()
     profiles = {} if args.no_profile else {c.name: c.profiled_step(args.top) for c in contenders}
     best_peak = {key: max(measured) for key, measured in peaks.items()}
     results = []
     for c in contenders:
         step_s = sorted(c.step_s)[len(c.step_s) // 2]
+        cpu_s = sorted(c.cpu_s)[len(c.cpu_s) // 2]
         tflops = c.trainer.flops_per_token * c.tokens_per_step / step_s / 1e12
         results.append({"variant": c.name, "overrides": dict(variants)[c.name], "threads": c.peak_key[0],
                         "dtype": c.peak_key[1], "step_s_median": step_s, "step_s": c.step_s,
+                        "cpu_s_median": cpu_s, "cpu_s": c.cpu_s,
                         "tokens_per_step": c.tokens_per_step,
                         "tps": c.tokens_per_step / step_s, "tflops": tflops,
                         "mfu": 100 * tflops / best_peak[c.peak_key], "breakdown_s": profiles.get(c.name, {})})
@@ -164,12 +171,12 @@ def main() -> None:
               f"TFLOP/s (best of {', '.join(f'{p:.3f}' for p in measured)})")
     classes = sorted({k for r in results for k in r["breakdown_s"]}, key=lambda k: -results[0]["breakdown_s"].get(k, 0))
     header = "".join(f"{k:>12}" for k in classes)
-    print(f"{'variant':<16}{'s/step':>8}{'tok/s':>8}{'TFLOP/s':>9}{'MFU %':>7}  {header}")
+    print(f"{'variant':<16}{'s/step':>8}{'cpu s':>7}{'tok/s':>8}{'TFLOP/s':>9}{'MFU %':>7}  {header}")
     for r in results:
         total = sum(r["breakdown_s"].values()) or 1.0
         shares = "".join(f"{100 * r['breakdown_s'].get(k, 0) / total:>11.1f}%" for k in classes)
-        print(f"{r['variant']:<16}{r['step_s_median']:>8.2f}{r['tps']:>8.0f}{r['tflops']:>9.3f}{r['mfu']:>7.1f}  "
-              + shares)
+        print(f"{r['variant']:<16}{r['step_s_median']:>8.2f}{r['cpu_s_median']:>7.2f}{r['tps']:>8.0f}"
+              f"{r['tflops']:>9.3f}{r['mfu']:>7.1f}  " + shares)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(record, indent=1))
     print(f"wrote {out / 'results.json'}")

@@ -57,6 +57,7 @@ def test_variants_side_by_side_with_mfu_of_the_peak_measured_at_their_threads_an
         assert r["tflops"] * 1e12 == pytest.approx(FLOPS_PER_TOKEN * r["tps"])
         assert r["mfu"] == pytest.approx(100 * r["tflops"] / peaks[r["threads"], r["dtype"]]["best"])
         assert r["tps"] == pytest.approx(r["tokens_per_step"] / r["step_s_median"]) and r["tokens_per_step"] == 128
+        assert len(r["cpu_s"]) == 1 and 0 < r["cpu_s_median"] == r["cpu_s"][0] < 2 * r["step_s_median"]
         # The profiled step's self times add up to about one step (the profiler's own overhead on top).
         assert {"matmuls", "attention", "optimizer"} <= set(r["breakdown_s"])
         assert 0.3 * r["step_s_median"] < sum(r["breakdown_s"].values()) < 5 * r["step_s_median"]

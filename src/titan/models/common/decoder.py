@@ -81,6 +81,28 @@ class DecoderArgs:
         return self.hidden_dim
 
 
+# Narrower heads than this run a CPU's SDPA in fp32 when the inputs are bf16 or fp16.
+CPU_FP32_ATTENTION_BELOW_HEAD_DIM = 64
+
+
+def causal_attention(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """Causal SDPA (scale 1/sqrt(head dim) unless given), grouped-query when k and v have fewer heads than q; in q's
+    dtype.
+
+    On a CPU, bf16/fp16 heads narrower than 64 run in fp32: there PyTorch's CPU flash kernel is slower in bf16 than
+    in fp32 (forward + backward at head dim 16 about 2x, at 32 1.1-1.3x, even at 64; benchmarks/RESULTS.md)."""
+    # Grouped-query attention inside the kernel: no copies of k and v repeated per query head.
+    gqa = q_BHTD.shape[1] != k_BHTD.shape[1]
+    if (q_BHTD.device.type == "cpu" and q_BHTD.dtype in (torch.bfloat16, torch.float16)
+            and q_BHTD.shape[-1] < CPU_FP32_ATTENTION_BELOW_HEAD_DIM):
+        with torch.autocast("cpu", enabled=False):  # CPU autocast would cast the fp32 inputs back down
+            out = F.scaled_dot_product_attention(q_BHTD.float(), k_BHTD.float(), v_BHTD.float(), is_causal=True,
+                                                 scale=scale, enable_gqa=gqa)
+        return out.to(q_BHTD.dtype)
+    return F.scaled_dot_product_attention(q_BHTD, k_BHTD, v_BHTD, is_causal=True, scale=scale, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, args: DecoderArgs):
         super().__init__()
@@ -105,9 +127,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope_TH2, self.interleaved), apply_rotary(k, rope_TH2, self.interleaved)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        # Grouped-query attention inside the kernel: no copies of k and v repeated per query head.
-        out_BHTD = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                  enable_gqa=self.n_heads != self.n_kv_heads)
+        out_BHTD = causal_attention(q, k, v)
         return self.wo(out_BHTD.transpose(1, 2).reshape(B, T, -1))
 
     def init_weights(self, init_std: float) -> None:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan.models.common.decoder import causal_attention
 from titan.models.common.rope import YaRN, apply_rotary, yarn_mscale
 from titan.tools.cli import UserError
 
@@ -57,7 +58,7 @@ class CausalAttention(nn.Module):
         # zeros pad the narrower ones (q.k and the scale unchanged) and are cut from the output.
         v_width, width = v.shape[-1], max(q.shape[-1], v.shape[-1])
         q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)[..., :v_width]
+        return causal_attention(q, k, v, scale=self.scale)[..., :v_width]
 
 
 class MLA(nn.Module):
