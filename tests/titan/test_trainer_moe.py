@@ -1,7 +1,7 @@
 """MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 4, pipeline
-parallel and context parallel (each alone and with expert parallel) and compiled blocks give the one-process eager
-losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of every layer whichever stage holds
-it, and expert parallel on a model without experts is one error line."""
+parallel and context parallel (each alone, with expert parallel, and with each other over 4 ranks) and compiled
+blocks give the one-process eager losses and gradient norms (fp32, 1e-5), metrics.jsonl carries the experts' load of
+every layer whichever stage holds it, and expert parallel on a model without experts is one error line."""
 
 import pytest
 
@@ -112,6 +112,24 @@ def test_context_parallel_matches_one_process(tmp_path, model):
     # Expert parallel borrows the cp ranks: each holds half of the experts and a half of every sequence.
     for name, layout in {"cp2": CP2, "cp2xep2": [*CP2, *EP2]}.items():
         run_train([*args, *layout, "--job.dump_folder", str(tmp_path / name)], nproc=2)
+        assert_same_load(read_metrics(tmp_path / name), reference)
+
+
+# Pipeline x context parallel on 4 ranks: each stage's MoE layers route micro-batches whose sequences are split
+# over the cp ranks. Qwen3-MoE without the balance loss, which each stage takes per micro-batch (not the one-process
+# batch's); DeepSeek-V3 (a dense first stage, MLA with YaRN) also with expert parallel borrowing the cp ranks.
+PP_CP_RUNS = {"qwen3_moe": ({"pp2xcp2": [*PP2, *CP2]}, [*MOE_MODELS["qwen3_moe"], "--model.aux_loss_coef", "0"]),
+              "deepseek_v3": ({"pp2xcp2": [*PP2, *CP2], "pp2xcp2xep2": [*PP2, *CP2, *EP2]}, CP_MODELS["deepseek_v3"])}
+
+
+@pytest.mark.parametrize("model", ["qwen3_moe", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
+def test_pipeline_x_context_parallel_matches_one_process(tmp_path, model):
+    layouts, model_args = PP_CP_RUNS[model]
+    args = [*TINY, *model_args, *STEPS]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "one")])
+    reference = read_metrics(tmp_path / "one")
+    for name, layout in layouts.items():
+        run_train([*args, *layout, "--job.dump_folder", str(tmp_path / name)], nproc=4)
         assert_same_load(read_metrics(tmp_path / name), reference)
 
 

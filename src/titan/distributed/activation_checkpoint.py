@@ -19,8 +19,10 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops.aten.max.default,
-    # Recomputing a TP reduce-scatter would repeat communication, not just arithmetic.
+    # Recomputing a collective would repeat communication, not just arithmetic: TP's reduce-scatter, and expert
+    # parallel's all-to-alls (the counts, the tokens' dispatch and combine; titan.distributed.expert_parallel).
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops._c10d_functional.all_to_all_single.default,
 }
 
 

@@ -28,7 +28,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.data_parallel import reshard_after_forward
-from titan.models.common.moe import MoE
+from titan.models.common.moe import MoE, _GatherRows
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
@@ -54,17 +54,23 @@ class _ExpertParallelForward:
 
     def __call__(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         counts_RL = counts_E.view(self.ep, -1)  # copies this rank sends to each rank's local experts
-        received_RL = torch.empty_like(counts_RL)
-        dist.all_to_all_single(received_RL, counts_RL, group=self.group)
+        # Functional collectives only: op-level activation checkpointing saves their outputs instead of
+        # communicating again in the recompute (titan.distributed.activation_checkpoint).
+        received_RL = funcol.wait_tensor(
+            funcol.all_to_all_single(counts_RL.flatten(), None, None, self.group)).view_as(counts_RL)
         send, recv = counts_RL.sum(dim=1).tolist(), received_RL.sum(dim=1).tolist()
         x_MD = funcol.all_to_all_single_autograd(x_ND, recv, send, self.group)
-        # Received rank by rank, each rank's copies by local expert: regroup by local expert, rank order within.
+        # Received rank by rank, each rank's copies by local expert: regroup by local expert, rank order within,
+        # and back. Gathers both ways (a permutation's backward gathers by its inverse): indexing would differentiate
+        # into an index_put with accumulate, one element at a time on the CPU.
         local = counts_RL.shape[1]
         expert_M = torch.repeat_interleave(torch.arange(local, device=x_ND.device).repeat(self.ep),
                                            received_RL.flatten())
         order_M = expert_M.argsort(stable=True)
-        y_MD = self.local_forward(_ScaleGrad.apply(x_MD, float(self.ep))[order_M], received_RL.sum(dim=0))
-        unsorted_MD = torch.empty_like(y_MD).index_put((order_M,), _ScaleGrad.apply(y_MD, 1.0 / self.ep))
+        inverse_M = torch.empty_like(order_M).scatter_(0, order_M, torch.arange(len(order_M), device=x_ND.device))
+        x_MD = _GatherRows.apply(_ScaleGrad.apply(x_MD, float(self.ep)), order_M, inverse_M, 1)
+        y_MD = self.local_forward(x_MD, received_RL.sum(dim=0))
+        unsorted_MD = _GatherRows.apply(_ScaleGrad.apply(y_MD, 1.0 / self.ep), inverse_M, order_M, 1)
         return funcol.wait_tensor(funcol.all_to_all_single_autograd(unsorted_MD, send, recv, self.group))
 
 

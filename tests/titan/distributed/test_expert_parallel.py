@@ -1,7 +1,8 @@
 """Expert parallel over 2 gloo ranks gives the one-process MoE layer's outputs and gradients (fp32, 1e-5; the
-loss is the mean over ranks of each rank's own, as under data parallel), for
-Qwen3-MoE and DeepSeek-V3 routing, with the grouped GEMM and the per-expert loop, and comm_stats counts its
-all-to-all bytes. One 2-rank job (this module's __main__) runs every case; the tests read what it saved."""
+loss is the mean over ranks of each rank's own, as under data parallel), for Qwen3-MoE and DeepSeek-V3 routing, with
+the grouped GEMM and the per-expert loop; comm_stats counts its all-to-all bytes, and op-level activation
+checkpointing saves its all-to-alls instead of recomputing them. One 2-rank job (this module's __main__) runs every
+case; the tests read what it saved."""
 
 import copy
 import os
@@ -80,6 +81,38 @@ def _case(name: str, grouped: bool) -> dict:
             "all_to_all": (a2a, 8 * 8 + 4 * rows * DIM * 4), "received": received}
 
 
+def _op_checkpointed(name: str) -> dict:
+    """On one rank of 2: the EP 2 layer as a model's block without activation checkpointing and under op-level
+    selective checkpointing; per mode the all-to-all calls of one forward and backward, the output and gradients."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan.config.job_config import ActivationCheckpoint
+    from titan.distributed import apply_ac
+    from titan.distributed.comm_stats import CommStats
+    from titan.distributed.expert_parallel import apply_expert_parallel
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("ep",))
+    x_TD = torch.randn(2, TOKENS, DIM, generator=torch.Generator().manual_seed(1))[rank]
+    g_TD = torch.randn(2, TOKENS, DIM, generator=torch.Generator().manual_seed(2))[rank]
+    results = {}
+    for mode in ("none", "selective"):
+        model = nn.Module()
+        model.layers = nn.ModuleDict({"0": _layer(name, grouped=True)})
+        apply_expert_parallel(model, mesh)
+        apply_ac(model, ActivationCheckpoint(mode=mode, selective_ac_option="op"))
+        x = x_TD.clone().requires_grad_()
+        with CommStats() as stats:
+            out = model.layers["0"](x)
+            (out * g_TD).sum().backward()
+        (a2a,) = [v["calls"] for (kind, _), v in stats.table().items() if kind == "all_to_all"]
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in model.parameters()]
+        results[mode] = {"all_to_all_calls": a2a, "tensors": [out.detach(), x.grad, *grads]}
+    return results
+
+
 CASES = [(name, grouped) for name in ARGS for grouped in (True, False)]
 
 
@@ -115,10 +148,22 @@ def test_comm_stats_counts_the_dispatch_and_combine_all_to_alls(ranks):
     assert ranks[0]["deepseek_v3-grouped_mm"]["received"] != ranks[1]["deepseek_v3-grouped_mm"]["received"]
 
 
+def test_op_level_checkpointing_saves_the_all_to_alls_instead_of_communicating_again(ranks):
+    """The recompute in backward takes the counts, dispatch and combine from what the forward saved: the calls of
+    the run without checkpointing (forward 3, backward 2 for the token exchanges), and the same result."""
+    for rank in ranks:
+        for name in ARGS:
+            plain, checkpointed = rank[f"{name}-op-sac"]["none"], rank[f"{name}-op-sac"]["selective"]
+            assert checkpointed["all_to_all_calls"] == plain["all_to_all_calls"] == 5
+            for got, want in zip(checkpointed["tensors"], plain["tensors"], strict=True):
+                assert torch.equal(got, want)
+
+
 if __name__ == "__main__":
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     results = {f"{n}-{'grouped_mm' if g else 'loop'}": _case(n, g) for n, g in CASES}
+    results |= {f"{n}-op-sac": _op_checkpointed(n) for n in ARGS}
     torch.save(results, f"{sys.argv[1]}/rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
