@@ -26,14 +26,17 @@ def test_expert_parallel_2_matches_one_process(tmp_path, model):
 
 # The expert group holds the TP ranks: each TP rank routes its sequence shard and dispatches it to experts no other
 # TP rank repeats. Qwen3-MoE without the balance loss, which each TP rank takes over its shard.
-@pytest.mark.parametrize("model, nproc, ep", [("deepseek_v3", 2, 2), ("qwen3_moe", 4, 4)],
-                         ids=["deepseek_v3-ep2xtp2", "qwen3_moe-ep4xtp2xfsdp2"])
-def test_expert_x_tensor_parallel_matches_one_process(tmp_path, model, nproc, ep):
+@pytest.mark.parametrize("model, nproc, layout", [
+    ("deepseek_v3", 2, ["--parallelism.expert_parallel_degree", "2"]),
+    ("qwen3_moe", 4, ["--parallelism.expert_parallel_degree", "4"]),
+    ("deepseek_v3", 4, ["--parallelism.expert_parallel_degree", "4", "--parallelism.context_parallel_degree", "2"]),
+], ids=["deepseek_v3-ep2xtp2", "qwen3_moe-ep4xtp2xfsdp2", "deepseek_v3-ep4xcp2xtp2"])
+def test_expert_x_tensor_parallel_matches_one_process(tmp_path, model, nproc, layout):
     """EP x TP with loss parallel, from a meta model as every run; on 4 ranks the experts (2 of 8 a rank) have no
-    rank outside their expert group, on 2 the expert group is the TP ranks alone."""
+    rank outside their expert group, which is the TP ranks alone on 2, and all of CP x TP with CP 2."""
     args = [*TINY, *MOE_MODELS[model], *(["--model.aux_loss_coef", "0"] if model == "qwen3_moe" else []), *STEPS]
     run_train([*args, "--job.dump_folder", str(tmp_path / "one")])
-    run_train([*args, "--parallelism.expert_parallel_degree", str(ep), "--parallelism.tensor_parallel_degree", "2",
+    run_train([*args, *layout, "--parallelism.tensor_parallel_degree", "2",
                "--job.dump_folder", str(tmp_path / "eptp")], nproc=nproc)
     reference, records = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eptp")
     assert_same_run(records, reference)
