@@ -105,12 +105,11 @@ MOE_NOTES = [
     "cost of that imbalance. titan.train logs `moe_imbalance` (max / mean tokens per expert), an upper bound of",
     "the rank figure.",
     "(d) Tensor parallel on attention and the dense parts, with the local batch raised by the TP degree so the",
-    "global batch is the rows' above. A MoE layer routes its TP rank's sequence shard with no TP collective and",
-    "is its own FSDP unit over data-parallel x TP ranks; the expert group is one TP rank's, so every TP rank holds",
-    "the same experts: TP multiplies the experts' share of memory by its degree (here 38 GiB of fp32 experts a",
-    "rank at TP 8, before gradients and optimizer states), which is why these rows need more memory than the",
-    "FSDP x EP rows. TorchTitan's etp=1 instead puts the TP ranks into the expert group (its ParallelDims: ep =",
-    "dp_shard_in_ep x cp x tp), so its experts are not repeated over TP.",
+    "global batch is the rows' above. A MoE layer routes its TP rank's sequence shard with no TP collective, its",
+    "router and shared experts an FSDP unit over data-parallel x TP ranks. The expert group holds the TP ranks",
+    "(TorchTitan's etp=1: ep = dp_shard_in_ep x cp x tp), so each TP rank is one more source of tokens for the",
+    "all-to-all and no TP rank repeats an expert: the experts' memory a rank is that of the FSDP x EP rows, and",
+    "the all-to-alls start with the TP peers in the node (EP 8 at TP 2 or 4 stays in one node).",
 ]
 
 

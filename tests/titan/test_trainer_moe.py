@@ -1,4 +1,4 @@
-"""MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 4, pipeline
+"""MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 2 and 4, pipeline
 parallel and context parallel (each alone, with expert parallel, and with each other over 4 ranks) and compiled
 blocks give the one-process eager losses and gradient norms (fp32, 1e-5), Qwen3-MoE's per-layer balance loss too with
 MoE layers on both pipeline stages, metrics.jsonl carries the experts' load of every layer whichever stage holds it
@@ -26,14 +26,21 @@ def test_expert_parallel_2_matches_one_process(tmp_path, model):
         assert 1 <= got["moe_imbalance_all_layers"] == pytest.approx(want["moe_imbalance_all_layers"])
 
 
-def test_expert_x_tensor_parallel_matches_one_process(tmp_path):
-    """EP 2 x TP 2 on 4 ranks with loss parallel, from a meta model as every run: each TP rank routes its sequence
-    shard, dispatches it in its own expert group, and the experts' gradients are averaged over TP after FSDP."""
-    model = MOE_MODELS["deepseek_v3"]
-    run_train([*TINY, *model, *STEPS, "--job.dump_folder", str(tmp_path / "one")])
-    run_train([*TINY, *model, *STEPS, "--parallelism.expert_parallel_degree", "2",
-               "--parallelism.tensor_parallel_degree", "2", "--job.dump_folder", str(tmp_path / "ep2tp2")], nproc=4)
-    reference, records = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "ep2tp2")
+# The expert group holds the TP ranks: each TP rank routes its sequence shard and dispatches it to experts no other
+# TP rank repeats. Qwen3-MoE without the balance loss, which each TP rank takes over its shard.
+@pytest.mark.parametrize("model, nproc, layout", [
+    ("deepseek_v3", 2, ["--parallelism.expert_parallel_degree", "2"]),
+    ("qwen3_moe", 4, ["--parallelism.expert_parallel_degree", "4"]),
+    ("deepseek_v3", 4, ["--parallelism.expert_parallel_degree", "4", "--parallelism.context_parallel_degree", "2"]),
+], ids=["deepseek_v3-ep2xtp2", "qwen3_moe-ep4xtp2xfsdp2", "deepseek_v3-ep4xcp2xtp2"])
+def test_expert_x_tensor_parallel_matches_one_process(tmp_path, model, nproc, layout):
+    """EP x TP with loss parallel, from a meta model as every run; on 4 ranks the experts (2 of 8 a rank) have no
+    rank outside their expert group, which is the TP ranks alone on 2, and all of CP x TP with CP 2."""
+    args = [*TINY, *MOE_MODELS[model], *(["--model.aux_loss_coef", "0"] if model == "qwen3_moe" else []), *STEPS]
+    run_train([*args, "--job.dump_folder", str(tmp_path / "one")])
+    run_train([*args, *layout, "--parallelism.tensor_parallel_degree", "2",
+               "--job.dump_folder", str(tmp_path / "eptp")], nproc=nproc)
+    reference, records = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eptp")
     assert_same_run(records, reference)
     for got, want in zip(records, reference):
         assert got["moe_tokens_max"] == want["moe_tokens_max"] and got["moe_tokens_min"] == want["moe_tokens_min"]

@@ -145,7 +145,8 @@ class Parallelism:
     """Context (sequence) parallel degree for attention."""
     expert_parallel_degree: int = 1
     """Expert parallel degree for MoE models: each layer's routed experts split over this many ranks, borrowed
-    from data_parallel_shard_degree x context_parallel_degree (a multiple of the latter that divides the product)."""
+    from data_parallel_shard_degree x context_parallel_degree x tensor_parallel_degree (a multiple of cp x tp that
+    divides the product; TorchTitan's expert_tensor_parallel_degree 1)."""
     enable_loss_parallel: bool = True
     """With TP: compute the loss on vocabulary-sharded logits."""
     enable_async_tensor_parallel: bool = False

@@ -9,9 +9,9 @@ The experts' weights become DTensors sharded on the expert dim (Shard(0)), so op
 DCP see whole tensors whatever the EP degree. The model code stays single-device: the dispatch and combine are
 a wrapper of each GroupedExperts' forward, whose (token copies sorted by expert, counts per expert) input and
 output in the same order do not change. The router and shared experts stay replicated; their gradients are
-summed over the ranks by data parallel, as for any replicated weight. Under tensor parallel the expert group is the
-ranks of one TP rank (each TP rank dispatches its own sequence shard), and apply_moe_data_parallel makes each MoE
-layer's gradients account for the other TP ranks' tokens.
+summed over the ranks by data parallel, as for any replicated weight. Under tensor parallel the expert group holds
+the TP ranks too (TorchTitan's etp=1): each TP rank dispatches its own sequence shard to experts no other TP rank
+repeats, and apply_moe_data_parallel makes each MoE layer's gradients account for the other TP ranks' tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -109,10 +108,10 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     Under tensor parallel each TP rank's MoE layers route only that rank's sequence shard (the decoder's TP plan):
     a TP rank is then to a MoE layer what a data-parallel rank is, but its loss is the mean over all TP ranks'
     tokens, so the layer's gradients are scaled by the TP degree and averaged over the TP ranks too. Each layer
-    becomes an FSDP unit over the data-parallel and TP ranks (dp_shard_cp_tp); experts sharded by expert parallel
-    are averaged over TP after their own reduction (their expert group is one TP rank's). Returns the experts'
-    parameters no FSDP unit holds (without TP, no data-parallel ranks outside the expert group), which the model's
-    FSDP must leave alone."""
+    becomes an FSDP unit over the data-parallel and TP ranks (dp_shard_cp_tp) for its router and shared experts;
+    experts sharded by expert parallel are in no TP rank twice (the expert group holds the TP ranks), so their
+    own unit's reduction over dp_shard_mod_ep is all they need. Returns the experts' parameters no FSDP unit holds
+    (no data-parallel ranks outside the expert group), which the model's FSDP must leave alone."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     if not layers or not (parallel_dims.ep_enabled or parallel_dims.tp_enabled):
         return set()
@@ -129,6 +128,7 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     reshard = reshard_after_forward(parallel_dims, job_config)
     alone = set()
     for moe in layers:
+        experts_alone = set()
         if experts_mesh is not None:
             # FSDP shards the expert dim; with fewer local experts than shards, some ranks would hold whole experts
             # and others none (DeepSeek-V3 on 512 ranks at EP 64: 4 experts over 8 shards), so it shards the next.
@@ -136,10 +136,12 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
             fully_shard(moe.experts, mesh=experts_mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
                         shard_placement_fn=lambda _, dim=dim: Shard(dim))
         elif parallel_dims.ep_enabled:
-            alone |= set(moe.experts.parameters())
+            experts_alone = set(moe.experts.parameters())
+            alone |= experts_alone
         if layer_mesh is not None:
-            _average_over_tp(moe, parallel_dims)
-            fully_shard(moe, mesh=layer_mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+            _scale_grads_by_tp(moe, parallel_dims.tp)
+            fully_shard(moe, mesh=layer_mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
+                        ignored_params=experts_alone)
     units = [(k, m) for k, m in (("experts", experts_mesh), ("MoE layers", layer_mesh)) if m is not None]
     logger.info(f"MoE under expert parallel {parallel_dims.ep} and tensor parallel {parallel_dims.tp}: "
                 + (", ".join(f"{k} FSDP over {dict(zip(m.mesh_dim_names, m.shape))}" for k, m in units)
@@ -147,21 +149,12 @@ def apply_moe_data_parallel(model: nn.Module, parallel_dims, job_config) -> set[
     return alone
 
 
-def _average_over_tp(moe: MoE, parallel_dims) -> None:
-    """Scales the layer's gradients by the TP degree (the gradient back to its input unscaled); FSDP over a mesh
-    with the TP ranks then averages them. Expert-parallel experts, whose mesh cannot hold the TP ranks (FSDP's mesh
-    must come before the ep dims), are averaged over TP after their own FSDP unit's reduction (ParallelDims keeps
-    its dp_shard_mod_ep dim even of one rank for that)."""
-    tp, group = parallel_dims.tp, parallel_dims.world_mesh["tp"].get_group()
+def _scale_grads_by_tp(moe: MoE, tp: int) -> None:
+    """Scales the layer's gradients by the TP degree (the gradient back to its input unscaled): FSDP over a mesh
+    with the TP ranks then averages the router's and shared experts'; expert-parallel experts, on one TP rank each,
+    are divided by the expert group's size instead, which holds the TP ranks (_ExpertParallelForward)."""
     moe.register_forward_pre_hook(lambda _, args: (_ScaleGrad.apply(args[0], 1.0 / tp), *args[1:]))
     moe.register_forward_hook(lambda _, args, out: _ScaleGrad.apply(out, float(tp)))
-
-    def average(grad: torch.Tensor) -> None:
-        dist.all_reduce(grad, group=group)  # gloo has no average
-        grad.div_(tp)
-
-    if parallel_dims.ep_enabled:
-        moe.experts.set_all_reduce_hook(average)
 
 
 def _fsdp_mesh(parallel_dims, view: str) -> DeviceMesh | None:

@@ -14,9 +14,11 @@ from titan.tools.logging import logger
 @dataclass
 class ParallelDims:
     """Degrees for pipeline, data (replicate x shard), context and tensor parallel over `world_size` ranks, and
-    expert parallel, which borrows ranks from data-parallel sharding and context parallel (TorchTitan's dp2ep):
-    the ep ranks of an expert group are all of cp and ep / cp of dp_shard; the experts of a layer are split over
-    them and sharded by FSDP over the rest of dp_shard (dp_shard_mod_ep)."""
+    expert parallel, which borrows ranks from data-parallel sharding, context and tensor parallel (TorchTitan's
+    dp2ep with etp=1): the ep ranks of an expert group are all of cp and tp and ep / (cp x tp) of dp_shard
+    (dp_shard_in_ep, possibly one rank); the experts of a layer are split over them and sharded by FSDP over the
+    rest of dp_shard (dp_shard_mod_ep). Each TP rank routes its own sequence shard, so it is one more source of
+    tokens for the expert group and no expert is repeated over TP."""
 
     dp_replicate: int
     dp_shard: int
@@ -41,11 +43,13 @@ class ParallelDims:
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
             raise UserError(f"data_parallel_shard_degree must be >= 1 or -1, got {self.dp_shard}")
-        if self.ep < 1 or self.ep > 1 and (self.ep % self.cp or (self.dp_shard * self.cp) % self.ep):
+        borrowed = self.cp * self.tp
+        if self.ep < 1 or self.ep > 1 and (self.ep % borrowed or (self.dp_shard * borrowed) % self.ep):
             raise UserError(
-                f"expert_parallel_degree {self.ep} must be a multiple of context_parallel_degree {self.cp} and "
-                f"divide data_parallel_shard_degree x context_parallel_degree = {self.dp_shard * self.cp}: expert "
-                "parallel borrows those ranks"
+                f"expert_parallel_degree {self.ep} must be a multiple of context_parallel_degree x "
+                f"tensor_parallel_degree = {borrowed} and divide data_parallel_shard_degree x "
+                f"context_parallel_degree x tensor_parallel_degree = {self.dp_shard * borrowed}: expert parallel "
+                "borrows all the cp and tp ranks and some of dp_shard"
             )
         product = others * self.dp_shard
         if product != self.world_size:
@@ -69,13 +73,11 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp; with expert
-        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep; with tensor parallel,
-        for mixtures of experts that see each TP rank's own tokens, dp_shard_cp_tp and dp_cp_tp. Dims of one rank are
-        left out, but for dp_shard_mod_ep under expert x tensor parallel: the experts' FSDP unit over it is what
-        averages their gradients over TP (titan.distributed.expert_parallel)."""
+        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep (dp_shard_in_ep, cp,
+        tp); with tensor parallel, for mixtures of experts that see each TP rank's own tokens, dp_shard_cp_tp and
+        dp_cp_tp. Dims of one rank are left out."""
         dims = [(n, d) for n, d in (("pp", self.pp), ("dp_replicate", self.dp_replicate), *self._shard_dims(),
-                                    ("cp", self.cp), ("tp", self.tp))
-                if d > 1 or n == "dp_shard_mod_ep" and self.tp > 1]
+                                    ("cp", self.cp), ("tp", self.tp)) if d > 1]
         if not dims:
             return None
         names = tuple(n for n, _ in dims)
@@ -91,7 +93,8 @@ class ParallelDims:
     def _shard_dims(self) -> list[tuple[str, int]]:
         if self.ep == 1:
             return [("dp_shard", self.dp_shard)]
-        return [("dp_shard_mod_ep", self.dp_shard * self.cp // self.ep), ("dp_shard_in_ep", self.ep // self.cp)]
+        borrowed = self.cp * self.tp
+        return [("dp_shard_mod_ep", self.dp_shard * borrowed // self.ep), ("dp_shard_in_ep", self.ep // borrowed)]
 
     def _views(self) -> dict[str, tuple[str, ...]]:
         """Flattened mesh names -> the mesh dims they span."""
@@ -100,7 +103,7 @@ class ParallelDims:
         views |= {"dp": ("dp_replicate", *shard), "dp_shard_cp": (*shard, "cp"),
                   "dp_cp": ("dp_replicate", *shard, "cp")}
         if self.ep > 1:
-            views["ep"] = ("dp_shard_in_ep", "cp")
+            views["ep"] = ("dp_shard_in_ep", "cp", "tp")
         if self.tp > 1:
             views |= {"dp_shard_cp_tp": (*shard, "cp", "tp"), "dp_cp_tp": ("dp_replicate", *shard, "cp", "tp")}
         return views

@@ -7,9 +7,10 @@ by titan.builders), stated here and nowhere else:
 3. activation checkpointing of each block;
 4. torch.compile of each block;
 5. float8 all-gather of the FSDP-sharded weights, when asked for;
-6. expert parallel (models with experts): experts sharded over the ep mesh, each MoE layer's experts their own FSDP
-   units over the data-parallel ranks outside the expert group; under tensor parallel each MoE layer is an FSDP unit
-   over the data-parallel and TP ranks, which sums its gradients over the TP ranks' tokens;
+6. expert parallel (models with experts): experts sharded over the ep mesh (which holds the cp and TP ranks), each
+   MoE layer's experts their own FSDP units over the data-parallel ranks outside the expert group; under tensor
+   parallel each MoE layer is an FSDP unit over the data-parallel and TP ranks, which sums its gradients over the TP
+   ranks' tokens;
 7. FSDP/HSDP (data parallel), outermost, so it shards what the steps above produced (and leaves the MoE to 6).
 
 Context parallel is no module transform: the forward path (titan.components.forward) shards the sequence and the

@@ -128,8 +128,9 @@ class Collectives:
 
     def __init__(self, hw: Hardware, dims):
         self.hw, self.dims, self.rows = hw, dims, []
-        # Expert parallel splits dp_shard into dp_shard_mod_ep x dp_shard_in_ep (dp_shard x 1 without it).
-        in_ep = dims.ep // dims.cp if dims.ep > 1 else 1
+        # Expert parallel splits dp_shard into dp_shard_mod_ep x dp_shard_in_ep (dp_shard x 1 without it): the
+        # expert group is dp_shard_in_ep x cp x tp.
+        in_ep = dims.ep // (dims.cp * dims.tp) if dims.ep > 1 else 1
         sizes = {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard_mod_ep": dims.dp_shard // in_ep,
                  "dp_shard_in_ep": in_ep, "cp": dims.cp, "tp": dims.tp}
         order = list(sizes)
@@ -360,8 +361,8 @@ def _memory(lay: Layout, info: RankInfo, unsharded: int, load: float) -> dict[st
     # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
     # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched), and
     # as many units of the MoE layers (theirs under TP, the experts' under expert parallel unless no rank is left
-    # to shard them over: under TP their unit has a mesh of one rank, which gathers and frees them as any other).
-    resident = sum(experts) if dims.dp_shard * dims.cp // dims.ep * dims.dp_replicate * t == 1 else 0
+    # to shard them over: the expert group holds every cp and TP rank).
+    resident = sum(experts) if dims.dp_shard * dims.cp * t // dims.ep * dims.dp_replicate == 1 else 0
     # Without data parallel elsewhere the MoE layers' units (TP) gather in fp32 and the forward autocasts.
     moe_bytes = lay.param_bytes if sharded else 4
     if lay.reshard_after_forward:

@@ -41,12 +41,19 @@ def test_non_positive_degree():
         dims(2, tp=0)
 
 
-@pytest.mark.parametrize("kwargs", [{"dp_shard": 4, "ep": 3}, {"dp_shard": 2, "cp": 4, "ep": 2},
-                                    {"dp_shard": 2, "cp": 2, "ep": 8}, {"dp_shard": 8, "ep": 0}])
-def test_expert_parallel_must_fit_in_dp_shard_times_cp(kwargs):
-    world = kwargs["dp_shard"] * kwargs.get("cp", 1)
-    with pytest.raises(ValueError, match="expert_parallel_degree"):
-        ParallelDims(dp_replicate=1, tp=1, pp=1, world_size=world, **{"cp": 1, **kwargs})
+@pytest.mark.parametrize("kwargs, borrowed, room", [
+    ({"dp_shard": 4, "ep": 3}, 1, 4), ({"dp_shard": 2, "cp": 4, "ep": 2}, 4, 8),
+    ({"dp_shard": 2, "cp": 2, "ep": 8}, 2, 4), ({"dp_shard": 8, "ep": 0}, 1, 8),
+    # Under TP the expert group holds every TP rank: EP 2 cannot fit TP 4, nor EP 8 in dp_shard 2 x TP 2.
+    ({"dp_shard": 2, "tp": 4, "ep": 2}, 4, 8), ({"dp_shard": 2, "tp": 2, "ep": 8}, 2, 4),
+    ({"dp_shard": 2, "cp": 2, "tp": 2, "ep": 2}, 4, 8)])
+def test_expert_parallel_must_fit_in_dp_shard_times_cp_times_tp(kwargs, borrowed, room):
+    world = kwargs["dp_shard"] * kwargs.get("cp", 1) * kwargs.get("tp", 1)
+    with pytest.raises(ValueError, match=(
+            f"^expert_parallel_degree {kwargs['ep']} must be a multiple of context_parallel_degree x "
+            f"tensor_parallel_degree = {borrowed} and divide data_parallel_shard_degree x context_parallel_degree x "
+            f"tensor_parallel_degree = {room}: expert parallel borrows all the cp and tp ranks and some of dp_shard$")):
+        ParallelDims(dp_replicate=1, pp=1, world_size=world, **{"cp": 1, "tp": 1, **kwargs})
 
 
 @pytest.fixture
@@ -67,9 +74,13 @@ def _ranks(mesh) -> list[int]:
 
 @pytest.mark.parametrize(
     "kwargs, groups",
-    [  # world 8 = dp_shard 4 x tp 2, ep 2: an expert group is 2 ranks of dp_shard, experts FSDP over the other 2.
+    [  # world 8 = dp_shard 4 x tp 2, ep 4: an expert group is both TP ranks of 2 ranks of dp_shard, experts FSDP
+        # over the other 2.
+        ({"dp_shard": 4, "tp": 2, "ep": 4},
+         {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": [0, 4], "dp_shard": [0, 2, 4, 6], "dp": [0, 2, 4, 6], "tp": [0, 1]}),
+        # ep 2 = tp 2: the expert group is the TP ranks, experts FSDP over all of dp_shard.
         ({"dp_shard": 4, "tp": 2, "ep": 2},
-         {"ep": [0, 2], "dp_shard_mod_ep": [0, 4], "dp_shard": [0, 2, 4, 6], "dp": [0, 2, 4, 6], "tp": [0, 1]}),
+         {"ep": [0, 1], "dp_shard_mod_ep": [0, 2, 4, 6], "dp_shard": [0, 2, 4, 6], "tp": [0, 1]}),
         # ep 4 = all of cp 2 and 2 of dp_shard 4; dp_shard_cp still spans the 8 ranks.
         ({"dp_shard": 4, "cp": 2, "ep": 4},
          {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": [0, 4], "dp_shard": [0, 2, 4, 6], "dp_shard_cp": list(range(8))}),
@@ -91,18 +102,22 @@ def test_expert_parallel_meshes_borrow_data_parallel_ranks(fake_world, kwargs, g
     "kwargs, groups",
     [  # A MoE layer under TP 2 x FSDP 2: its FSDP unit spans the data-parallel and TP ranks, as do its token counts.
         ({"dp_shard": 2, "tp": 2}, {"dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": [0, 1, 2, 3], "dp_shard": [0, 2]}),
-        # EP 2 x TP 2 with HSDP replicas: the experts' FSDP dim is kept though it has one rank.
+        # EP 2 x TP 2 with HSDP replicas: the expert group is the TP ranks, the experts FSDP over dp_shard.
         ({"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2},
-         {"ep": [0, 2], "dp_shard_mod_ep": [0], "dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": list(range(8))}),
+         {"ep": [0, 1], "dp_shard_mod_ep": [0, 2], "dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": list(range(8))}),
+        # EP 4 = CP 2 x TP 2: no rank left for the experts' FSDP.
+        ({"dp_shard": 1, "cp": 2, "tp": 2, "ep": 4}, {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": None, "tp": [0, 1]}),
+        # EP 2 x TP 2 on 2 ranks: the experts split over the TP ranks, no data parallel beside them.
+        ({"dp_shard": 1, "tp": 2, "ep": 2}, {"ep": [0, 1], "dp_shard_mod_ep": None, "dp_shard_cp_tp": [0, 1]}),
     ],
 )
 def test_tensor_parallel_views_for_mixtures_of_experts(fake_world, kwargs, groups):
-    world = kwargs.get("dp_replicate", 1) * kwargs["dp_shard"] * kwargs["tp"]
+    world = kwargs.get("dp_replicate", 1) * kwargs["dp_shard"] * kwargs.get("cp", 1) * kwargs["tp"]
     fake_world(world)
     pd = ParallelDims(**{"dp_replicate": 1, "cp": 1, "pp": 1, "world_size": world, **kwargs})
     pd.build_mesh("cpu")
     for name, ranks in groups.items():
-        assert _ranks(pd.submesh(name)) == ranks, name
+        assert (_ranks(pd.submesh(name)) if ranks is not None else pd.submesh(name)) == ranks, name
 
 
 @pytest.mark.filterwarnings("ignore:Slicing a flattened dim")  # what data_parallel does, as TorchTitan

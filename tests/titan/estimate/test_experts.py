@@ -79,24 +79,23 @@ def test_expert_parallel_on_a_model_without_experts_moves_no_tokens():
 
 
 # Measured on gloo ranks with --metrics.comm_stats' counter, one call at a time (benchmarks/RESULTS.md, issue 35):
-# a MoE layer under TP routes its rank's sequence shard (32 of the 64 tokens) with no TP collective.
+# a MoE layer under TP routes its rank's sequence shard (32 of the 64 tokens) with no TP collective, and the expert
+# group holds the TP ranks.
 def test_moe_layers_under_tensor_x_expert_parallel_are_the_measured_ones():
     """TP 2 x EP 2 on 4 ranks: attention shards over dp_shard 2 x TP 2, each MoE layer's router is an FSDP unit
-    over those 4 ranks, and its experts (4 of 8 a rank) are a unit over dp_shard_mod_ep = 1 rank, the same on both
-    TP ranks, whose gradients are averaged over TP."""
+    over those 4 ranks, and its experts are split over the 2 TP ranks (4 of 8 a rank), a unit over the 2
+    data-parallel ranks outside the expert group (dp_shard_mod_ep), with no TP average."""
     report, rank = _rank0(4, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
     act = 2 * 32 * 256 * 2  # the block's activations, gathered and reduce-scattered by TP
     assert _rows(rank, "tp")[:2] == [("all_gather", 2, 6, act), ("reduce_scatter", 2, 6, act)]
     assert _rows(rank, "ep") == [("all_to_all", 2, 8, COPIES / 2), ("all_to_all", 2, 2, 64)]
     router = 8 * 256
     assert _rows(rank, "mfsdp") == [("all_gather", 4, 4, router * 2), ("reduce_scatter", 4, 2, router * 4)]
-    assert _rows(rank, "efsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 4 * EXPERT * 2), ("reduce_scatter", 2, 2, 4 * EXPERT * 4)]
     fsdp = {op: calls * nbytes for op, _, calls, nbytes in _rows(rank, "fsdp")}
     assert fsdp == {"all_gather": 3 * 197_760 + 2 * 2_097_664, "reduce_scatter": 2 * 395_520 + 4_195_328}
-    # What each real rank held: the experts whole over TP, the rest in quarters.
-    experts = 2 * 8 * EXPERT
-    assert rank["memory_bytes"]["params"] == 5_643_008 == pytest.approx(
-        4 * ((report["num_params"] - experts) / 4 + experts / 2), rel=1e-3)
+    # What each real rank held: every parameter in quarters, the experts by expert parallel x FSDP.
+    assert rank["memory_bytes"]["params"] == 4_070_144 == pytest.approx(4 * report["num_params"] / 4, rel=1e-3)
 
 
 def test_full_recomputation_of_a_moe_block_repeats_its_attention_collectives():
@@ -106,29 +105,43 @@ def test_full_recomputation_of_a_moe_block_repeats_its_attention_collectives():
 
 
 def test_experts_under_tensor_parallel_shard_over_the_rest_of_data_parallel():
-    """TP 2 x EP 2 x dp_shard_mod_ep 2 on 8 ranks, as measured: the 4 local experts gathered from 2 shards, their
-    gradients reduce-scattered, then each rank's half averaged over TP."""
-    _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
-    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 4 * EXPERT * 2), ("reduce_scatter", 2, 2, 4 * EXPERT * 4),
-                                    ("all_reduce", 2, 2, 2 * EXPERT * 4)]
+    """TP 2 x EP 4 on 8 ranks, as measured: the expert group is 2 data-parallel ranks x TP 2, whose all-to-alls
+    reach the TP peer first (2 ranks a node: 1 of the 4 quarters stays, 1 goes to the TP peer, 2 to the other
+    node); each rank's 2 experts are gathered from the 2 shards of dp_shard_mod_ep, their gradients
+    reduce-scattered."""
+    _, rank = _rank0(8, 4, Hardware(gpus_per_node=2), "--parallelism.tensor_parallel_degree", "2")
+    assert _rows(rank, "ep") == [("all_to_all", 4, 8, COPIES / 2), ("all_to_all", 4, 2, 64)]
+    sent = 8 * COPIES / 2 + 2 * 64
+    assert rank["all_to_all_bytes"] == {"intra_node": sent / 4, "inter_node": sent / 2}
+    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 2 * EXPERT * 2), ("reduce_scatter", 2, 2, 2 * EXPERT * 4)]
     assert _rows(rank, "mfsdp") == [("all_gather", 8, 4, 8 * 256 * 2), ("reduce_scatter", 8, 2, 8 * 256 * 4)]
-    assert rank["memory_bytes"]["params"] == 2_821_504
+    assert rank["memory_bytes"]["params"] == 2_035_072
 
 
 def test_experts_under_hsdp_x_tensor_parallel_are_replicated_over_dp_replicate():
     """HSDP 2 x 2 x TP 2 with EP 2 and op-level SAC on 8 ranks, as measured: the experts' unit shards over
-    dp_shard_mod_ep of one rank, so its gradients are only all-reduced over the replicas, then over TP; the routers'
-    units all-reduce their shards over the replicas too."""
+    dp_shard_mod_ep (the 2 data-parallel ranks of a replica) and all-reduces its shards over the replicas; the
+    routers' units all-reduce their shards over the replicas too."""
     _, rank = _rank0(8, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2",
                      "--parallelism.data_parallel_replicate_degree", "2", "--activation_checkpoint.mode", "selective",
                      "--activation_checkpoint.selective_ac_option", "op")
-    assert _rows(rank, "ehsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
-    assert _rows(rank, "efsdp") == [("all_reduce", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "efsdp") == [("all_gather", 2, 4, 4 * EXPERT * 2), ("reduce_scatter", 2, 2, 4 * EXPERT * 4)]
+    assert _rows(rank, "ehsdp") == [("all_reduce", 2, 2, 2 * EXPERT * 4)]
     assert _rows(rank, "mhsdp") == [("all_reduce", 2, 2, 8 * 256 // 4 * 4)]
-    # The op policy saves the reduce-scatters' outputs but not the gathers' nor the all-to-alls'.
+    # The op policy saves the reduce-scatters' outputs and the all-to-alls, but not the gathers.
     assert [calls for op, _, calls, _ in _rows(rank, "tp")[:2]] == [8, 6]
-    assert [calls for *_, calls, _ in _rows(rank, "ep")] == [12, 4]
-    assert rank["memory_bytes"]["params"] == 5_643_008
+    assert [calls for *_, calls, _ in _rows(rank, "ep")] == [8, 2]
+    assert rank["memory_bytes"]["params"] == 4_070_144
+
+
+def test_experts_split_over_the_tp_ranks_alone_stay_whole_on_them():
+    """EP 2 x TP 2 on 2 ranks, as measured: the expert group is the TP ranks, no rank is left to shard the experts
+    (4 of 8 a rank) over, and the routers' units over TP gather in fp32 (no other FSDP: the forward autocasts)."""
+    report, rank = _rank0(2, 2, Hardware(), "--parallelism.tensor_parallel_degree", "2")
+    assert _rows(rank, "ep") == [("all_to_all", 2, 8, COPIES / 2), ("all_to_all", 2, 2, 64)]
+    assert not _rows(rank, "efsdp") and not _rows(rank, "fsdp")
+    assert _rows(rank, "mfsdp") == [("all_gather", 2, 4, 8 * 256 * 4), ("reduce_scatter", 2, 2, 8 * 256 * 4)]
+    assert rank["memory_bytes"]["params"] == 8_140_288 == pytest.approx(4 * report["num_params"] / 2, rel=1e-3)
 
 
 def test_moe_layers_under_tensor_parallel_alone_are_fsdp_units_over_it():

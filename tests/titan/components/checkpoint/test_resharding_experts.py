@@ -1,6 +1,6 @@
-"""A checkpoint of an MoE model saved at one expert-parallel degree resumes at another (and without expert parallel)
-with the uninterrupted run's losses (fp32, 1e-5): the routed experts and their AdamW states are saved whole, and so
-are DeepSeek-V3's selection biases, which a fast bias update makes steer the routing."""
+"""A checkpoint of an MoE model saved at one expert-parallel degree resumes at another (and without expert parallel,
+from EP x FSDP and EP x TP) with the uninterrupted run's losses (fp32, 1e-5): the routed experts and their AdamW
+states are saved whole, and so are DeepSeek-V3's selection biases, which a fast bias update makes steer the routing."""
 
 import shutil
 
@@ -62,4 +62,13 @@ def test_qwen3_moe_saved_at_ep2_x_fsdp2_resumes_in_one_process(tmp_path):
                "--job.dump_folder", str(saved)], nproc=4)
     # One sequence a micro-batch, as on each rank: the balance loss is taken over the tokens one forward routes.
     got = _resume(tmp_path / "one", saved, [*ARGS, *model, "--training.local_batch_size", "1"], 1)
+    assert got == pytest.approx(losses(saved)[2:], rel=1e-5)
+
+
+def test_deepseek_v3_saved_at_ep2_x_tp2_resumes_in_one_process(tmp_path):
+    # The expert group is the 2 TP ranks: each saves its 4 of the 8 experts, which one process loads whole.
+    saved = tmp_path / "ep2_tp2"
+    run_train([*ARGS, *DEEPSEEK, "--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree",
+               "2", "--job.dump_folder", str(saved)], nproc=2)
+    got = _resume(tmp_path / "one", saved, [*ARGS, *DEEPSEEK], 1)
     assert got == pytest.approx(losses(saved)[2:], rel=1e-5)

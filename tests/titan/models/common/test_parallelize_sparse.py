@@ -3,7 +3,8 @@ with the same losses and gradient norms (1e-5), the same balancing biases and to
 
 Layouts: TP 2 of Qwen3-MoE (GQA with QK-norm, a dense first block, the router's auxiliary loss) and of DeepSeek-V3
 (MLA with and without a query latent, a dense first block, shared experts, group-limited routing); EP 2 x TP 2 of
-DeepSeek-V3 and FSDP 2 x TP 2 of Qwen3-MoE on 4 ranks. Each layout goes through the family's parallelize function.
+both on 2 ranks, EP 4 x FSDP 2 x TP 2 of DeepSeek-V3, FSDP 2 x TP 2 and EP 2 x FSDP 2 x TP 2 of Qwen3-MoE on 4 ranks
+(the expert group holds the TP ranks). Each layout goes through the family's parallelize function.
 Under TP each rank's MoE routes its own sequence shard, so Qwen3-MoE's auxiliary loss (over all the model's layers
 at once) is the mean of per-shard losses, as under data parallel: the reference computes it so, shard by shard."""
 
@@ -33,9 +34,15 @@ class Layout:
 
 LAYOUTS = [Layout("tp2-qwen3-moe", "qwen3_moe", 2), Layout("tp2-deepseek-v3", "deepseek_v3", 2),
            Layout("tp2-deepseek-v3-q-lora", "deepseek_v3_q_lora", 2),
-           Layout("ep2-tp2-deepseek-v3", "deepseek_v3", 4, ep=2), Layout("fsdp2-tp2-qwen3-moe", "qwen3_moe", 4),
-           # The experts' own FSDP unit (data-parallel ranks outside the expert group) averages them over TP.
-           Layout("ep2-fsdp2-tp2-deepseek-v3", "deepseek_v3", 8, ep=2)]
+           # The expert group is the TP ranks: each holds half the experts, no data parallel beside them.
+           Layout("ep2-tp2-deepseek-v3", "deepseek_v3", 2, ep=2), Layout("ep2-tp2-qwen3-moe", "qwen3_moe", 2, ep=2),
+           Layout("fsdp2-tp2-qwen3-moe", "qwen3_moe", 4),
+           # The expert group is all 4 ranks (2 of data parallel x TP 2): no FSDP unit for the experts.
+           Layout("ep4-fsdp2-tp2-deepseek-v3", "deepseek_v3", 4, ep=4),
+           # The experts split over the TP ranks, FSDP over the 2 data-parallel ranks outside the expert group.
+           Layout("ep2-fsdp2-tp2-qwen3-moe", "qwen3_moe", 4, ep=2),
+           # Both: expert group 2 of data parallel x TP 2, the experts' FSDP over the other 2.
+           Layout("ep4-fsdp4-tp2-deepseek-v3", "deepseek_v3", 8, ep=4)]
 
 
 def _model(family: str):
