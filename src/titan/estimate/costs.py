@@ -14,24 +14,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from titan.config.dtypes import TORCH_DTYPES
-from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stages_per_rank
+from titan.distributed.pipeline import stage_ids_for_rank, stages_per_rank
 from titan.estimate.blocks import (
     attention_dims,
-    block_activation_elems,
     latent_attention,
     layer_params,
     routed_active_params,
 )
 from titan.estimate.experts import ep_collectives, expert_fsdp_collectives, moe_fsdp_collectives
-from titan.estimate.layout import RankInfo
+from titan.estimate.layout import Layout, RankInfo
+from titan.estimate.memory import rank_memory
 
 GIB = 2**30
 # Pipeline bubble relative to (p-1)/v microbatch times: zero-bubble schedules fill about two thirds of it by
 # splitting the backward into input and weight gradients.
 BUBBLE_FACTOR = {"InterleavedZeroBubble": 1 / 3, "ZBVZeroBubble": 1 / 3, "DualPipeV": 1 / 3}
-# Optimizer state elements per parameter element (fp32).
-OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2, "SGD": 1}
 
 
 @dataclass
@@ -75,52 +72,6 @@ class Hardware:
                              f"{self.moe_imbalance}")
         if self.peak_tflops < 0:
             raise ValueError(f"estimate.peak_tflops must be >= 0 (0 = from gpu), got {self.peak_tflops}")
-
-
-@dataclass
-class Layout:
-    """The run's shape as the estimator needs it, resolved from the config and ParallelDims."""
-
-    args: object
-    dims: object
-    local_batch: int
-    seq_len: int
-    accum: int
-    microbatches: int
-    microbatch_seqs: int
-    schedule: str
-    param_bytes: int
-    reduce_bytes: int
-    optimizer: str
-    momentum: float
-    loss_parallel: bool
-    reshard_after_forward: bool
-    compile: bool
-    float8: bool
-
-    @property
-    def local_tokens(self) -> int:
-        """Tokens one rank computes per microbatch (its context-parallel share of the sequences)."""
-        return self.microbatch_seqs * self.seq_len // self.dims.cp
-
-
-def make_layout(args, dims, job_config, global_batch: int) -> Layout:
-    t, pcfg = job_config.training, job_config.parallelism
-    microbatches = t.local_batch_size // pcfg.pipeline_parallel_microbatch_size if dims.pp_enabled else 1
-    reshard = pcfg.fsdp_reshard_after_forward
-    return Layout(
-        args=args, dims=dims, local_batch=t.local_batch_size, seq_len=t.seq_len,
-        accum=global_batch // (t.local_batch_size * dims.dp_degree), microbatches=microbatches,
-        microbatch_seqs=t.local_batch_size // microbatches,
-        schedule=schedule_of(dims, pcfg),
-        param_bytes=TORCH_DTYPES[t.mixed_precision_param].itemsize,
-        reduce_bytes=TORCH_DTYPES[t.mixed_precision_reduce].itemsize,
-        optimizer=job_config.optimizer.name, momentum=job_config.optimizer.momentum,
-        loss_parallel=pcfg.enable_loss_parallel, compile=job_config.compile.enable,
-        # The rule of titan.distributed.data_parallel: PP keeps a stage gathered across its microbatches.
-        reshard_after_forward=reshard == "always" or (reshard == "default" and not dims.pp_enabled),
-        float8=job_config.float8.enable,
-    )
 
 
 class Collectives:
@@ -334,7 +285,7 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
     # FSDP traffic hides behind compute except the first gather and the last reduce-scatter of the step.
     dp_exposed = max(0.0, t_dp - t_compute * passes) + t_dp / max(units, 1)
 
-    memory = _memory(lay, info, unsharded, load)
+    memory = rank_memory(lay, info, unsharded, load)
     return {"rank": info.rank, "pp_rank": info.pp_rank, "coordinate": info.coordinate,
             "stages": [p.stage for p in info.parts], "layers": [p.layers for p in info.parts],
             "local_params": local, "unsharded_params": unsharded, "memory_bytes": memory,
@@ -344,77 +295,6 @@ def rank_costs(lay: Layout, info: RankInfo, hw: Hardware, peak_flops: float) -> 
             "all_to_all_bytes": {where: sum(r[f"{where}_bytes"] for r in col.rows if r["op"] == "all_to_all")
                                  for where in ("intra_node", "inter_node")},
             "collectives": col.rows}
-
-
-def _memory(lay: Layout, info: RankInfo, unsharded: int, load: float) -> dict[str, float]:
-    a, dims = lay.args, lay.dims
-    t, v = dims.tp, stages_per_rank(lay.schedule)
-    states = OPTIMIZER_STATES[lay.optimizer] if lay.optimizer != "SGD" or lay.momentum > 0 else 0
-    master = sum(p.local_param_bytes for p in info.parts)
-    experts = [u for p in info.parts for u in p.block_expert_params]
-    moe_units = [u for p in info.parts for u in p.block_moe_params]
-    max_unit = max([u for p in info.parts for u in p.block_params] + experts + moe_units
-                   + [p.root_params for p in info.parts])
-    max_block = max(u for p in info.parts for u in p.block_params)
-    root = sum(p.root_params for p in info.parts)
-    sharded = dims.fsdp_enabled or dims.dp_replicate_enabled
-    # Without resharding (PP's default) everything stays gathered from forward to backward. Otherwise the root
-    # unit (embedding, output) stays gathered around the whole pass and two blocks are live (one prefetched), and
-    # as many units of the MoE layers (theirs under TP, the experts' under expert parallel unless no rank is left
-    # to shard them over: the expert group holds every cp and TP rank).
-    resident = sum(experts) if dims.dp_shard * dims.cp * t // dims.ep * dims.dp_replicate == 1 else 0
-    # Without data parallel elsewhere the MoE layers' units (TP) gather in fp32 and the forward autocasts.
-    moe_bytes = lay.param_bytes if sharded else 4
-    if lay.reshard_after_forward:
-        live = root + 2 * max_block + (2 * max(experts, default=0) if not resident else 0)
-        gathered = (live * lay.param_bytes if sharded else 0) + 2 * max(moe_units, default=0) * moe_bytes
-    else:
-        blocks = unsharded - resident - sum(moe_units)
-        gathered = (blocks * lay.param_bytes if sharded else 0) + sum(moe_units) * moe_bytes
-    # Resident experts are cast to the compute dtype in each forward, and the copies kept for backward.
-    gathered += resident * lay.param_bytes if lay.param_bytes < 4 else 0
-    # Without a gradient sync every microbatch (accumulation, or PP microbatches) FSDP keeps unsharded gradients.
-    accumulates = sharded and (lay.accum > 1 or lay.microbatches > 1)
-    grad_buffers = unsharded * lay.reduce_bytes if accumulates else max_unit * (lay.param_bytes + lay.reduce_bytes)
-
-    tokens = lay.local_tokens
-
-    def part_activations(part) -> float:
-        n = len(part.layers)
-        if not n:
-            return 0.0
-        # Which blocks are checkpointed is not read back, only how many: each block counts in those shares.
-        shares = {"full": part.full_ac_blocks / n, "op": part.op_ac_blocks / n}
-        shares["none"] = 1 - shares["full"] - shares["op"]
-        elems = sum(share * block_activation_elems(a, t, kind, moe, load) for moe in part.block_moe
-                    for kind, share in shares.items() if share)
-        elems += a.dim / t if part.has_embedding else 0
-        elems += (a.dim / t + a.dim) if part.has_output else 0
-        return elems * tokens * lay.param_bytes
-
-    per_part = [part_activations(p) for p in info.parts]
-    p, m, r = dims.pp, lay.microbatches, info.pp_rank
-    if not dims.pp_enabled:
-        in_flight = 1.0
-    elif lay.schedule == "GPipe":
-        in_flight = m
-    elif lay.schedule == "1F1B":
-        in_flight = min(m, p - r)
-    elif lay.schedule == "LoopedBFS":
-        in_flight = m
-    else:
-        # Interleaved warm-up: (v-1)p + 2(p-1-r) + 1 chunks in flight, each chunk one of the rank's v stages.
-        in_flight = min(m * v, (v - 1) * p + 2 * (p - 1 - r) + 1) / v
-    activations = in_flight * sum(per_part)
-    recompute = any(q.full_ac_blocks or q.op_ac_blocks for q in info.parts)
-    working = (max(block_activation_elems(a, t, "none", moe, load) for q in info.parts for moe in q.block_moe)
-               * tokens * lay.param_bytes if recompute else 0.0)
-    # The loss upcasts the (vocabulary-sharded) logits to fp32 and keeps their gradient.
-    logits = (tokens * a.vocab_size / t * (lay.param_bytes + 8)
-              if any(q.has_output for q in info.parts) else 0.0)
-    return {"params": master, "grads": master, "optimizer": states * master, "gathered_params": gathered,
-            "grad_buffers": grad_buffers, "activations": activations, "recompute_working_set": working,
-            "logits": logits}
 
 
 def step_estimate(lay: Layout, ranks: list[dict], peak_flops: float, flops_per_token: float) -> dict:

@@ -23,8 +23,8 @@ from titan.config import parse_command_line
 from titan.config.manager import ConfigManager, field_docs, split_cli
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import stages_per_rank
-from titan.estimate.costs import GIB, Hardware, make_layout, rank_costs, step_estimate
-from titan.estimate.layout import dry_run_rank
+from titan.estimate.costs import GIB, Hardware, rank_costs, step_estimate
+from titan.estimate.layout import dry_run_rank, make_layout
 from titan.models import get_model_spec
 from titan.tools.cli import UserError, entry_point, report_done
 

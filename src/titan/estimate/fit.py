@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from titan.estimate.blocks import estimable
-from titan.estimate.costs import GIB, OPTIMIZER_STATES, Hardware
+from titan.estimate.costs import GIB, Hardware
+from titan.estimate.memory import OPTIMIZER_STATES
 from titan.models import get_model_spec
 from titan.tools.cli import UserError
 from titan.tools.logging import logger

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed import ParallelDims
 from titan.distributed.pipeline import schedule_of, stage_ids_for_rank, stage_ranges
 from titan.models.common.moe import MoE
@@ -246,3 +247,49 @@ def dry_run_rank(spec, model: nn.Module, job_config, parallel_dims: ParallelDims
             ac = job_config.activation_checkpoint
             info.parts.append(_part_info(part, stage, dims.tp, dims.ep, ac.mode, ac.selective_ac_option))
     return info
+
+
+@dataclass
+class Layout:
+    """The run's shape as the estimator needs it, resolved from the config and ParallelDims."""
+
+    args: object
+    dims: object
+    local_batch: int
+    seq_len: int
+    accum: int
+    microbatches: int
+    microbatch_seqs: int
+    schedule: str
+    param_bytes: int
+    reduce_bytes: int
+    optimizer: str
+    momentum: float
+    loss_parallel: bool
+    reshard_after_forward: bool
+    compile: bool
+    float8: bool
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one rank computes per microbatch (its context-parallel share of the sequences)."""
+        return self.microbatch_seqs * self.seq_len // self.dims.cp
+
+
+def make_layout(args, dims, job_config, global_batch: int) -> Layout:
+    t, pcfg = job_config.training, job_config.parallelism
+    microbatches = t.local_batch_size // pcfg.pipeline_parallel_microbatch_size if dims.pp_enabled else 1
+    reshard = pcfg.fsdp_reshard_after_forward
+    return Layout(
+        args=args, dims=dims, local_batch=t.local_batch_size, seq_len=t.seq_len,
+        accum=global_batch // (t.local_batch_size * dims.dp_degree), microbatches=microbatches,
+        microbatch_seqs=t.local_batch_size // microbatches,
+        schedule=schedule_of(dims, pcfg),
+        param_bytes=TORCH_DTYPES[t.mixed_precision_param].itemsize,
+        reduce_bytes=TORCH_DTYPES[t.mixed_precision_reduce].itemsize,
+        optimizer=job_config.optimizer.name, momentum=job_config.optimizer.momentum,
+        loss_parallel=pcfg.enable_loss_parallel, compile=job_config.compile.enable,
+        # The rule of titan.distributed.data_parallel: PP keeps a stage gathered across its microbatches.
+        reshard_after_forward=reshard == "always" or (reshard == "default" and not dims.pp_enabled),
+        float8=job_config.float8.enable,
+    )
