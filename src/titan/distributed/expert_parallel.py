@@ -27,7 +27,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.data_parallel import reshard_after_forward
-from titan.models.common.moe import MoE, _GatherRows
+from titan.models.common.moe import MoE, GatherRows
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
@@ -67,9 +67,9 @@ class _ExpertParallelForward:
                                            received_RL.flatten())
         order_M = expert_M.argsort(stable=True)
         inverse_M = torch.empty_like(order_M).scatter_(0, order_M, torch.arange(len(order_M), device=x_ND.device))
-        x_MD = _GatherRows.apply(_ScaleGrad.apply(x_MD, float(self.ep)), order_M, inverse_M, 1)
+        x_MD = GatherRows.apply(_ScaleGrad.apply(x_MD, float(self.ep)), order_M, inverse_M, 1)
         y_MD = self.local_forward(x_MD, received_RL.sum(dim=0))
-        unsorted_MD = _GatherRows.apply(_ScaleGrad.apply(y_MD, 1.0 / self.ep), inverse_M, order_M, 1)
+        unsorted_MD = GatherRows.apply(_ScaleGrad.apply(y_MD, 1.0 / self.ep), inverse_M, order_M, 1)
         return funcol.wait_tensor(funcol.all_to_all_single_autograd(unsorted_MD, send, recv, self.group))
 
 

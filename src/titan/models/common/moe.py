@@ -192,7 +192,7 @@ def _index_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, index)
 
 
-class _GatherRows(torch.autograd.Function):
+class GatherRows(torch.autograd.Function):
     """x.index_select(0, index) whose backward gathers too: the gradient's rows at `back`, summed in groups of
     `copies` (the copies of each row of x that `index` makes). Moving token copies between token order and expert
     order, each direction is the other's backward; indexing would differentiate into an index_put with accumulate,
@@ -302,11 +302,11 @@ class MoE(nn.Module):
         # (token t's j-th choice, row t * k + j) went.
         order_N = experts_TK.flatten().argsort(stable=True)
         slot_N = torch.empty_like(order_N).scatter_(0, order_N, torch.arange(order_N.numel(), device=x_TD.device))
-        x_ND = _GatherRows.apply(x_TD.to(_experts_dtype(x_TD)), order_N // self.args.top_k, slot_N,
+        x_ND = GatherRows.apply(x_TD.to(_experts_dtype(x_TD)), order_N // self.args.top_k, slot_N,
                                 self.args.top_k)
         y_ND = self.experts(x_ND, counts_E)
         # Each token's k outputs weighted and summed in one batched product, in the experts' dtype.
-        y_TKD = _GatherRows.apply(y_ND, slot_N, order_N, 1).view(*experts_TK.shape, -1)
+        y_TKD = GatherRows.apply(y_ND, slot_N, order_N, 1).view(*experts_TK.shape, -1)
         out_TD = torch.bmm(weights_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1).to(x_TD.dtype)
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
