@@ -27,7 +27,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from titan.config.dtypes import TORCH_DTYPES
 from titan.distributed.data_parallel import reshard_after_forward
-from titan.models.common.moe import MoE, GatherRows
+from titan.models.common.moe import GatherRows, MoE
 from titan.tools.cli import UserError
 from titan.tools.logging import logger
 
