@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from morphens.arch import MLP, VGG, Conv, ResNet, Stage
 from morphens import models
+from morphens.arch import MLP, VGG, Conv, ResNet, Stage
 from morphens.models import Net, bn_relu, build, num_params, to_channels_last
 
 MLP_ARCH = MLP((1, 8, 8), 10, (16,))
