@@ -6,6 +6,8 @@ wraps them one by one. Parameter names are a pure function of the spec, which is
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +33,72 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], *x.shape[2:], x.shape[1]).permute(0, 3, 1, 2).copy_(x)
 
 
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A channels-last (N, C, H, W) tensor's memory as (rows, k * C): k whole pixels a row (k | N * H * W, up to 64),
+    so that per-channel vectors tiled k times broadcast over long contiguous rows."""
+    n, c, h, w = x.shape
+    k = math.gcd(n * h * w, 64)
+    return x.permute(0, 2, 3, 1).reshape(n * h * w // k, k * c), k
+
+
+def _channel_sum(x2: torch.Tensor, k: int) -> torch.Tensor:
+    return x2.sum(0).view(k, -1).sum(0)
+
+
+def _unrows(x2: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    n, c, h, w = shape
+    return x2.view(n, h, w, c).permute(0, 3, 1, 2)
+
+
+class _BatchNormReLU(torch.autograd.Function):
+    """relu(batch_norm(x)) in training mode over a channels-last CPU tensor, with the batch's statistics; returns
+    (y, mean, biased var). Every op runs over (rows, k * C) rows: torch's own batch norm and its broadcasts loop over
+    C values at a time there, which for a mother's 6-24 channels costs ~10x a memory pass (benchmarks/RESULTS.md)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        x2, k = _rows(x)
+        count = x2.shape[0] * k
+        mean = _channel_sum(x2, k) / count
+        var = _channel_sum((x2 - mean.repeat(k)).square_(), k) / count
+        rstd = (var + eps).rsqrt()
+        scale = weight * rstd
+        y2 = torch.addcmul((bias - mean * scale).repeat(k), x2, scale.repeat(k)).relu_()
+        ctx.save_for_backward(x2, y2, weight, mean, rstd)
+        ctx.k, ctx.shape = k, x.shape
+        ctx.mark_non_differentiable(mean, var)
+        return _unrows(y2, x.shape), mean, var
+
+    @staticmethod
+    def backward(ctx, grad_y, _mean, _var):
+        x2, y2, weight, mean, rstd = ctx.saved_tensors
+        k, count = ctx.k, x2.shape[0] * ctx.k
+        grad_z = torch.ops.aten.threshold_backward(grad_y.permute(0, 2, 3, 1).reshape(x2.shape), y2, 0)
+        grad_bias = _channel_sum(grad_z, k)
+        grad_weight = (_channel_sum(grad_z * x2, k) - mean * grad_bias) * rstd
+        # dx = a * dz + b * x + c per channel: the batch-norm backward with the statistics' gradients folded in.
+        a = weight * rstd
+        b = -a * rstd * grad_weight / count
+        c = -a * grad_bias / count - b * mean
+        grad_x2 = torch.addcmul(c.repeat(k), x2, b.repeat(k)).addcmul_(grad_z, a.repeat(k))
+        return _unrows(grad_x2, ctx.shape), grad_weight, grad_bias, None
+
+
+def bn_relu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
+    """relu(bn(x)); in training on a channels-last CPU tensor through _BatchNormReLU (same result to float
+    rounding, running statistics updated as torch does), else torch's ops."""
+    if not (bn.training and x.device.type == "cpu" and channels_last(x) and bn.affine and bn.track_running_stats
+            and bn.momentum is not None):
+        return F.relu(bn(x))
+    y, mean, var = _BatchNormReLU.apply(x, bn.weight, bn.bias, bn.eps)
+    with torch.no_grad():
+        count = x.numel() // x.shape[1]
+        bn.running_mean.lerp_(mean, bn.momentum)
+        bn.running_var.lerp_(var * count / max(count - 1, 1), bn.momentum)
+        bn.num_batches_tracked.add_(1)
+    return y
+
+
 class ConvBN(nn.Module):
     def __init__(self, c_in: int, c_out: int, kernel: int):
         super().__init__()
@@ -38,7 +106,7 @@ class ConvBN(nn.Module):
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.conv(x)))
+        return bn_relu(self.conv(x), self.bn)
 
 
 class LinearBN(nn.Module):
@@ -60,7 +128,7 @@ class ResBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(width, eps=BN_EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+        return F.relu(x + self.bn2(self.conv2(bn_relu(self.conv1(x), self.bn1))))
 
 
 class ResStage(nn.Module):
