@@ -58,7 +58,8 @@ def test_variants_side_by_side_with_mfu_of_the_peak_measured_at_their_threads_an
         assert r["mfu"] == pytest.approx(100 * r["tflops"] / peaks[r["threads"], r["dtype"]]["best"])
         assert r["tps"] == pytest.approx(r["tokens_per_step"] / r["step_s_median"]) and r["tokens_per_step"] == 128
         assert len(r["cpu_s"]) == 1 and 0 < r["cpu_s_median"] == r["cpu_s"][0] < 2 * r["step_s_median"]
-        # The profiled step's self times add up to about one step (the profiler's own overhead on top).
+        # The profiled step's self times add up to about one step (the profiler's own overhead on top): its CPU
+        # seconds, since a loaded box stretches a timed step's wall time far more than its ops' busy time.
         assert {"matmuls", "attention", "optimizer"} <= set(r["breakdown_s"])
-        assert 0.3 * r["step_s_median"] < sum(r["breakdown_s"].values()) < 5 * r["step_s_median"]
+        assert 0.3 * r["cpu_s_median"] < sum(r["breakdown_s"].values()) < 5 * r["step_s_median"]
     assert "MFU %" in proc.stdout and "matmuls" in proc.stdout
