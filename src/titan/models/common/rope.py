@@ -48,14 +48,16 @@ def apply_rotary(x_BTHD: torch.Tensor, rope_TH2: torch.Tensor, interleaved: bool
     """Rotates pair i of each head by angle i: pairs (2i, 2i+1) when `interleaved`, else (i, i + head_dim/2)."""
     B, T, H, D = x_BTHD.shape
     # At least fp32 (fp64 stays fp64, so that fp64 runs compare exactly with other implementations).
-    x = x_BTHD.to(torch.promote_types(x_BTHD.dtype, torch.float32))
+    dtype = torch.promote_types(x_BTHD.dtype, torch.float32)
+    x = x_BTHD.to(dtype)
     x = x.reshape(B, T, H, D // 2, 2) if interleaved else x.reshape(B, T, H, 2, D // 2).transpose(-1, -2)
-    cos = rope_TH2[:T, None, :, 0]
-    sin = rope_TH2[:T, None, :, 1]
-    real = x[..., 0] * cos - x[..., 1] * sin
-    imag = x[..., 0] * sin + x[..., 1] * cos
-    out = torch.stack((real, imag), dim=-1) if interleaved else torch.stack((real, imag), dim=-2)
-    return out.flatten(3).type_as(x_BTHD)
+    rope = rope_TH2[:T, None].to(dtype)
+    if torch.compiler.is_compiling():  # inductor fuses this arithmetic but generates no code for complex numbers
+        cos, sin = rope[..., 0], rope[..., 1]
+        rotated = torch.stack((x[..., 0] * cos - x[..., 1] * sin, x[..., 0] * sin + x[..., 1] * cos), dim=-1)
+    else:  # one complex multiply, forward and backward: the same products and sums, bit for bit, in fewer kernels
+        rotated = torch.view_as_real(torch.view_as_complex(x.contiguous()) * torch.view_as_complex(rope))
+    return (rotated if interleaved else rotated.transpose(-1, -2)).flatten(3).type_as(x_BTHD)
 
 
 @dataclass
