@@ -70,7 +70,8 @@ def _route_by_shard(model, dp: int, tp: int) -> None:
     """Makes every MoE layer of a one-process model route each data-parallel rank's rows and each TP rank's
     sequence shard on its own, and the model add each shard's auxiliary loss over all its layers, weighted
     1 / shards, as the layout does."""
-    from titan.models.common.moe import MoE, add_balance_loss
+    from titan.models.common.moe import MoE
+    from titan.models.common.moe_balance import add_balance_loss
 
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     shard_stats = {moe: [] for moe in layers}  # each layer's records, shard by shard
