@@ -1,7 +1,6 @@
 """Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory, the
-op policy recomputing every second matmul of each block, and
-compiled op-level checkpointing keeps expert parallel's all-to-alls out of the recompute (eager: in
-test_expert_parallel.py).
+op policy recomputing every second matmul of each block, and compiled op-level checkpointing keeps expert
+parallel's all-to-alls out of the recompute (eager: in test_expert_parallel.py).
 
 Tolerance: recomputation runs the same ops in the same order, so fp32 losses and gradients match eager to rtol 1e-6.
 """
