@@ -1,14 +1,17 @@
 """MoE families in the real trainer: expert parallel over 2 ranks, expert x tensor parallel over 2 and 4, pipeline
 parallel and context parallel (each alone, with expert parallel, and with each other over 4 ranks) and compiled
 blocks give the one-process eager losses and gradient norms (fp32, 1e-5), Qwen3-MoE's per-layer balance loss too with
-MoE layers on both pipeline stages, metrics.jsonl carries the experts' load of every layer whichever stage holds it
-(worst layer and summed over the layers), and expert parallel on a model without experts is one error line."""
+MoE layers on both pipeline stages and DeepSeek-V3's sequence-wise balance loss in every layout, metrics.jsonl
+carries the experts' load of every layer whichever stage holds it (worst layer and summed over the layers), and
+expert parallel on a model without experts is one error line."""
 
 import pytest
 
 from tests.titan.conftest import TINY, assert_same_run, read_metrics, run_train
 
-MOE_MODELS = {"qwen3_moe": ["--model.name", "qwen3_moe"], "deepseek_v3": ["--model.name", "deepseek_v3"]}
+# DeepSeek-V3 with a strong sequence-wise balance loss in every layout: a wrong scale or grouping shows.
+MOE_MODELS = {"qwen3_moe": ["--model.name", "qwen3_moe"],
+              "deepseek_v3": ["--model.name", "deepseek_v3", "--model.seq_aux_loss_alpha", "0.5"]}
 STEPS = ["--training.steps", "3", "--training.global_batch_size", "4"]
 
 
@@ -27,7 +30,8 @@ def test_expert_parallel_2_matches_one_process(tmp_path, model):
 
 
 # The expert group holds the TP ranks: each TP rank routes its sequence shard and dispatches it to experts no other
-# TP rank repeats. Qwen3-MoE without the balance loss, which each TP rank takes over its shard.
+# TP rank repeats. Qwen3-MoE without the balance loss, which each TP rank takes over its shard; DeepSeek-V3 with its
+# sequence-wise loss, which counts each sequence over the TP (and CP) ranks holding its shards.
 @pytest.mark.parametrize("model, nproc, layout", [
     ("deepseek_v3", 2, ["--parallelism.expert_parallel_degree", "2"]),
     ("qwen3_moe", 4, ["--parallelism.expert_parallel_degree", "4"]),

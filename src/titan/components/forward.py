@@ -11,7 +11,7 @@ from torch import nn
 
 from titan.distributed.pipeline import build_schedule, microbatch_count
 from titan.distributed.utils import autocast_context, cp_context, loss_parallel_context, replicated_value
-from titan.models.common.moe import set_aux_loss_scale
+from titan.models.common.moe_balance import set_aux_loss_scale
 
 
 class ForwardPath:
@@ -32,8 +32,8 @@ class ForwardPath:
         # Gradients sum over microbatches and accumulation steps: each microbatch loss is scaled to get their mean,
         # and so is a MoE layer's balance loss, one of each forward batch.
         self.loss_scale = grad_accum_steps * (microbatch_count(job_config) if placement is not None else 1)
-        set_aux_loss_scale(parts, 1 / self.loss_scale,
-                           parallel_dims.world_mesh["cp"].get_group() if parallel_dims.cp_enabled else None)
+        cp, cp_tp = parallel_dims.submesh("cp"), parallel_dims.submesh("cp_tp")
+        set_aux_loss_scale(parts, 1 / self.loss_scale, cp and cp.get_group(), cp_tp and cp_tp.get_group())
         if placement is not None:
             self.schedule = build_schedule(parts, placement.stage_ids, placement.num_stages, parallel_dims,
                                            job_config, device, lambda pred, labels: loss_fn(pred, labels)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -27,13 +25,15 @@ _SAVE_OPS = {
 
 
 def _op_policy_contexts():
-    counts: dict[str, int] = defaultdict(int)
+    """The contexts of one checkpointed call: its own matmul count, so every block saves the same matmuls. torch
+    calls the policy in the forward only; the recompute replays its decisions."""
+    mm_count = 0
 
     def policy(ctx, func, *args, **kwargs):
-        mode = "recompute" if ctx.is_recompute else "forward"
+        nonlocal mm_count
         if func == torch.ops.aten.mm.default:
-            counts[f"{mode}_mm"] += 1
-            if counts[f"{mode}_mm"] % 2 == 0:
+            mm_count += 1
+            if mm_count % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if func in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -72,10 +72,10 @@ class ParallelDims:
         )
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp; with expert
-        parallel (dp_shard then split into dp_shard_mod_ep x dp_shard_in_ep), dp_shard and ep (dp_shard_in_ep, cp,
-        tp); with tensor parallel, for mixtures of experts that see each TP rank's own tokens, dp_shard_cp_tp and
-        dp_cp_tp. Dims of one rank are left out."""
+        """Builds the world mesh over the enabled dims plus flattened views: dp, dp_shard_cp, dp_cp, and cp_tp (the
+        ranks holding parts of the same sequences); with expert parallel (dp_shard then split into dp_shard_mod_ep x
+        dp_shard_in_ep), dp_shard and ep (dp_shard_in_ep, cp, tp); with tensor parallel, for mixtures of experts
+        that see each TP rank's own tokens, dp_shard_cp_tp and dp_cp_tp. Dims of one rank are left out."""
         dims = [(n, d) for n, d in (("pp", self.pp), ("dp_replicate", self.dp_replicate), *self._shard_dims(),
                                     ("cp", self.cp), ("tp", self.tp)) if d > 1]
         if not dims:
@@ -101,7 +101,7 @@ class ParallelDims:
         shard = tuple(n for n, _ in self._shard_dims())
         views = {"dp_shard": shard} if self.ep > 1 else {}
         views |= {"dp": ("dp_replicate", *shard), "dp_shard_cp": (*shard, "cp"),
-                  "dp_cp": ("dp_replicate", *shard, "cp")}
+                  "dp_cp": ("dp_replicate", *shard, "cp"), "cp_tp": ("cp", "tp")}
         if self.ep > 1:
             views["ep"] = ("dp_shard_in_ep", "cp", "tp")
         if self.tp > 1:

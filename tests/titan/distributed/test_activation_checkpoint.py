@@ -1,6 +1,6 @@
-"""Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory, and
-compiled op-level checkpointing keeps expert parallel's all-to-alls out of the recompute (eager: in
-test_expert_parallel.py).
+"""Activation checkpointing: which blocks are wrapped per mode, the same numerics as eager, less peak memory, the
+op policy recomputing every second matmul of each block, and compiled op-level checkpointing keeps expert
+parallel's all-to-alls out of the recompute (eager: in test_expert_parallel.py).
 
 Tolerance: recomputation runs the same ops in the same order, so fp32 losses and gradients match eager to rtol 1e-6.
 """
@@ -102,6 +102,47 @@ def test_activation_checkpointing_lowers_peak_memory():
     assert peaks["full"] < 0.6 * peaks["none"], peaks
     assert peaks["full"] < peaks["selective-op"] < peaks["none"], peaks
     assert peaks["selective-every-2"] < 0.8 * peaks["none"], peaks
+
+
+class MatmulCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func == torch.ops.aten.mm.default
+        return func(*args, **(kwargs or {}))
+
+
+class SinChain(torch.nn.Module):
+    """Three matmuls, each through sin, whose backward needs the matmul's output: a matmul the policy does not
+    save runs again in backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = torch.nn.Parameter(torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(0)) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = torch.sin(x @ w)
+        return x
+
+
+def test_op_level_checkpointing_recomputes_every_second_matmul_of_each_block():
+    """Two blocks of 3 matmuls: each block's 2nd is recomputed in backward, its 1st and 3rd saved, whatever the block
+    before it did (a count shared by the blocks would recompute the 2nd block's 1st and 3rd)."""
+    backward_calls = {}
+    for mode in ("none", "op"):
+        model = torch.nn.Module()
+        model.layers = torch.nn.ModuleDict({"0": SinChain(), "1": SinChain()})
+        apply_ac(model, ActivationCheckpoint(mode="selective" if mode == "op" else "none", selective_ac_option="op"))
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        for block in model.layers.values():
+            x = block(x)
+        with MatmulCount() as count:
+            x.sum().backward()
+        backward_calls[mode] = count.calls
+    assert backward_calls["op"] - backward_calls["none"] == 2
 
 
 @pytest.mark.parametrize("mode, option, wrapped", [("none", "2", []), ("full", "2", [0, 1, 2, 3]),

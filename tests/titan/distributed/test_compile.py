@@ -25,6 +25,27 @@ def test_components_choose_the_blocks_and_the_loss(components):
     assert compile_loss(cross_entropy_loss, Compile(enable=False, components=components)) is cross_entropy_loss
 
 
+def test_the_blocks_dynamo_flag_is_set_while_they_trace_and_nowhere_else():
+    """The flag that lets a MoE record its routing under a compiled checkpoint (titan.distributed.compile) holds
+    while a block traces, and the process's dynamo config is left as it was, for the compiled loss and others."""
+    import torch
+
+    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(getattr(torch._dynamo.config, flag))
+        return gm.forward
+
+    model = Transformer(ARGS)
+    model.init_weights()
+    apply_compile(model, Compile(enable=True, components=["model"], backend=backend))
+    assert getattr(torch._dynamo.config, flag) is False  # dynamo's default
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert seen and all(seen)
+    assert getattr(torch._dynamo.config, flag) is False
+
+
 @pytest.mark.parametrize("components", [[], ["graph"]])
 def test_components_must_name_model_or_loss(components):
     with pytest.raises(ValueError, match="compile.components must name model and/or loss"):

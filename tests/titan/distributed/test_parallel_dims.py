@@ -101,12 +101,15 @@ def test_expert_parallel_meshes_borrow_data_parallel_ranks(fake_world, kwargs, g
 @pytest.mark.parametrize(
     "kwargs, groups",
     [  # A MoE layer under TP 2 x FSDP 2: its FSDP unit spans the data-parallel and TP ranks, as do its token counts.
-        ({"dp_shard": 2, "tp": 2}, {"dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": [0, 1, 2, 3], "dp_shard": [0, 2]}),
+        # The sequence-wise balance loss counts each sequence over cp_tp, here the TP ranks alone.
+        ({"dp_shard": 2, "tp": 2}, {"dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": [0, 1, 2, 3], "dp_shard": [0, 2],
+                                    "cp_tp": [0, 1]}),
         # EP 2 x TP 2 with HSDP replicas: the expert group is the TP ranks, the experts FSDP over dp_shard.
         ({"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2},
          {"ep": [0, 1], "dp_shard_mod_ep": [0, 2], "dp_shard_cp_tp": [0, 1, 2, 3], "dp_cp_tp": list(range(8))}),
         # EP 4 = CP 2 x TP 2: no rank left for the experts' FSDP.
-        ({"dp_shard": 1, "cp": 2, "tp": 2, "ep": 4}, {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": None, "tp": [0, 1]}),
+        ({"dp_shard": 1, "cp": 2, "tp": 2, "ep": 4}, {"ep": [0, 1, 2, 3], "dp_shard_mod_ep": None, "tp": [0, 1],
+                                                      "cp_tp": [0, 1, 2, 3]}),
         # EP 2 x TP 2 on 2 ranks: the experts split over the TP ranks, no data parallel beside them.
         ({"dp_shard": 1, "tp": 2, "ep": 2}, {"ep": [0, 1], "dp_shard_mod_ep": None, "dp_shard_cp_tp": [0, 1]}),
     ],

@@ -1,5 +1,6 @@
 """Mixture of experts: a token-choice top-k router, routed SwiGLU experts held as grouped weights, optional shared
-experts, and the two load-balancing schemes of Qwen3-MoE and DeepSeek-V3.
+experts, and the routing records behind the balance losses (titan.models.common.moe_balance) and DeepSeek-V3's
+selection-bias balancing.
 
     moe = MoE(dim, MoEArgs(num_experts=8, top_k=2, hidden_dim=64))
     y_BTD = moe(x_BTD)
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -47,18 +47,20 @@ class MoEArgs:
     """DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's selection bias moves
     by this much towards balance (up when under-loaded). 0 keeps the bias as loaded."""
     aux_loss_coef: float = 0.0
-    """Qwen3-MoE's load-balancing loss (HF router_aux_loss_coef): in training each layer records its routing, and
-    the model adds coef x the loss to the gradient (add_balance_loss). It is taken per forward shard, over the
+    """Weight of the balance loss (Qwen3-MoE's HF router_aux_loss_coef, DeepSeek-V3's seq_aux_loss_alpha): in
+    training each layer records its routing, and the model adds coef x the loss to the gradient
+    (moe_balance.add_balance_loss). The Switch losses (all_layers, per_layer) are taken per forward shard, over the
     tokens a rank routes in one forward (a micro-batch of its data-parallel batch, under tensor parallel its
     sequence shard; whole sequences under context parallel), and so averaged over those shards, not taken over the
     global batch; under pipeline parallel over each stage's own layers (see balance_loss)."""
-    balance_loss: Literal["all_layers", "per_layer"] = "all_layers"
+    balance_loss: Literal["all_layers", "per_layer", "per_sequence"] = "all_layers"
     """all_layers: transformers' loss, one Switch loss over all the layers' routing at once (the experts' counts
     summed over layers are balanced, single layers may stay skewed; under pipeline parallel taken per stage, an
     approximation). per_layer: each layer's own Switch loss E * sum_e f_e P_e (f_e counting a token's k copies, as
     transformers' does; Megatron-LM's divides by k), summed over the layers as TorchTitan and Megatron-LM do (each
     layer adds coef x its own loss), so that every layer is balanced; separable, so pipeline parallel gives the
-    one-process loss exactly."""
+    one-process loss exactly. per_sequence: DeepSeek-V3's complementary sequence-wise loss of each layer, averaged
+    over the sequences and summed over the layers (moe_balance.sequence_balance_loss), exact under every layout."""
     use_grouped_mm: bool = True
 
     def __post_init__(self) -> None:
@@ -77,8 +79,9 @@ class MoEArgs:
                             f"{self.top_k}, topk_groups {self.topk_groups}")
         if self.num_shared_experts < 0 or self.bias_update_rate < 0 or self.aux_loss_coef < 0:
             raise UserError("moe num_shared_experts, bias_update_rate and aux_loss_coef must be >= 0")
-        if self.balance_loss not in ("all_layers", "per_layer"):
-            raise UserError(f"moe balance_loss must be all_layers or per_layer, got {self.balance_loss!r}")
+        if self.balance_loss not in ("all_layers", "per_layer", "per_sequence"):
+            raise UserError(f"moe balance_loss must be all_layers, per_layer or per_sequence, got "
+                            f"{self.balance_loss!r}")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -214,20 +217,6 @@ class GatherRows(torch.autograd.Function):
         return rows, None, None, None
 
 
-class _AuxLossGrad(torch.autograd.Function):
-    """Returns x unchanged; in backward the auxiliary loss gets gradient 1, as if it were added to the loss."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(aux_loss)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        (aux_loss,) = ctx.saved_tensors
-        return grad, torch.ones_like(aux_loss)
-
-
 def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Token copies routed to each expert; a scatter, not bincount, whose output size depends on the data (a graph
     break under torch.compile)."""
@@ -235,38 +224,16 @@ def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
     return experts_N.new_zeros(num_experts).scatter_add_(0, experts_N, torch.ones_like(experts_N))
 
 
-def load_balancing_loss(prob_sums_LE: torch.Tensor, counts_LE: torch.Tensor, tokens: int, group=None,
-                        per_layer: bool = False) -> torch.Tensor:
-    """Switch Transformer's balance loss E * sum_e f_e * P_e, with f_e expert e's routed copies over the token rows
-    and P_e its mean router probability over them. By default as transformers' Qwen3-MoE computes it, over all L
-    layers' routing at once (L*T rows); `per_layer`: each layer's own loss over its T rows, summed over the layers.
-    prob_sums_LE: each layer's probabilities summed over its T tokens.
-
-    `group`: the ranks holding the rest of these sequences (context parallel). f_e is then that of all their
-    tokens, and P_e this rank's part of their mean times the group size, since data parallel averages the ranks'
-    gradients: the average is the gradient of the whole sequences' loss."""
-    counts_LE = counts_LE.to(prob_sums_LE.dtype)
-    if not per_layer:  # one "layer" of L*T rows
-        tokens *= len(counts_LE)
-        prob_sums_LE, counts_LE = prob_sums_LE.sum(dim=0, keepdim=True), counts_LE.sum(dim=0, keepdim=True)
-    if group is not None:
-        counts_LE = funcol.all_reduce(counts_LE, "sum", group) / torch.distributed.get_world_size(group)
-    return prob_sums_LE.shape[-1] * (counts_LE / tokens * prob_sums_LE / tokens).sum()
-
-
-def add_balance_loss(out: torch.Tensor, layers: list[MoE]) -> torch.Tensor:
-    """`out` unchanged, with coef * the balance loss (MoEArgs.balance_loss) over the routing `layers` recorded in
-    this forward added to the loss's gradient (MoEArgs.aux_loss_coef, times the trainer's scale); the records are
-    consumed."""
-    stats = [m.balance_stats for m in layers if m.balance_stats is not None]
-    for moe in layers:
-        moe.balance_stats = None
-    if not stats:
-        return out
-    first = layers[0]
-    loss = load_balancing_loss(torch.stack([p for p, _, _ in stats]), torch.stack([c for _, c, _ in stats]),
-                               stats[0][2], first.aux_loss_group, first.args.balance_loss == "per_layer")
-    return _AuxLossGrad.apply(out, first.args.aux_loss_coef * first.aux_loss_scale * loss)
+def sequence_stats(scores_TE: torch.Tensor, experts_TK: torch.Tensor,
+                   sequences: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Routing of each of the `sequences` whose tokens are the rows of scores_TE, in order, for the sequence-wise
+    balance loss: the scores normalized over the experts (s_t / sum_j s_jt) summed over each sequence's tokens
+    (B, E), how many of its tokens chose each expert (B, E), and its tokens on this rank."""
+    chosen_TE = torch.zeros_like(scores_TE).scatter_(1, experts_TK, 1.0)
+    probs_TE = scores_TE / scores_TE.sum(dim=-1, keepdim=True)
+    tokens = scores_TE.shape[0] // sequences
+    return (probs_TE.view(sequences, tokens, -1).sum(dim=1), chosen_TE.view(sequences, tokens, -1).sum(dim=1),
+            tokens)
 
 
 class MoE(nn.Module):
@@ -282,10 +249,11 @@ class MoE(nn.Module):
         self.aux_loss_scale = 1.0
         """The trainer sets 1 / (micro-batches x accumulation steps), the scale of each forward batch's loss."""
         self.aux_loss_group = None
-        """The context-parallel group, whose ranks hold the rest of each sequence (see load_balancing_loss)."""
+        """The ranks holding the rest of each sequence: context parallel, with per_sequence tensor parallel too
+        (moe_balance.set_aux_loss_scale)."""
         self.balance_stats: tuple[torch.Tensor, torch.Tensor, int] | None = None
         """This forward's routing for the balance loss: probabilities summed over the tokens, copies per expert,
-        tokens (only in training with aux_loss_coef)."""
+        tokens (only in training with aux_loss_coef); per_sequence: each of those per sequence (sequence_stats)."""
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_TD = x_BTD.reshape(-1, x_BTD.shape[-1])
@@ -297,7 +265,9 @@ class MoE(nn.Module):
             with torch.no_grad():
                 self.tokens_per_expert.add_(counts_E)
             if self.args.aux_loss_coef and torch.is_grad_enabled():
-                self.balance_stats = (scores_TE.sum(dim=0), counts_E, x_TD.shape[0])
+                self.balance_stats = (sequence_stats(scores_TE, experts_TK, x_BTD.shape[0])
+                                      if self.args.balance_loss == "per_sequence"
+                                      else (scores_TE.sum(dim=0), counts_E, x_TD.shape[0]))
         # Token copies sorted by expert (stable: each expert sees its tokens in order); slot_N: where each copy
         # (token t's j-th choice, row t * k + j) went.
         order_N = experts_TK.flatten().argsort(stable=True)
@@ -380,10 +350,3 @@ def expert_load_values(parts: list[nn.Module], group=None, pp_group=None,
     stats = expert_load_step(parts, group, pp_group, num_experts)
     values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
     return list(stats), values
-
-
-def set_aux_loss_scale(parts: list[nn.Module], scale: float, group=None) -> None:
-    """Scales every MoE layer's balance loss as the trainer scales each forward batch's loss; `group`: the
-    context-parallel ranks, over which each sequence's balance is counted."""
-    for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
-        moe.aux_loss_scale, moe.aux_loss_group = scale, group

@@ -1,6 +1,7 @@
 """DeepSeek-V3 as plain single-device PyTorch: MLA attention with YaRN, the first n_dense_layers blocks with a
 dense SwiGLU and the rest with a mixture of experts (sigmoid routing with a selection bias, group-limited, shared
-experts), RMSNorm, untied output. Multi-token prediction is not built."""
+experts, and optionally the report's complementary sequence-wise balance loss), RMSNorm, untied output.
+Multi-token prediction is not built."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 from titan.models.common.decoder import Decoder, FeedForward
 from titan.models.common.mla import MLA, MLAArgs
 from titan.models.common.moe import MoE, MoEArgs
+from titan.models.common.moe_balance import add_balance_loss
 from titan.models.common.rope import YaRN, yarn_rope_cache
 from titan.tools.cli import UserError
 
@@ -41,6 +43,10 @@ class ModelArgs:
     route_scale: float = 1.0
     bias_update_rate: float = 1e-3
     """Auxiliary-loss-free balancing: how far each step moves the experts' selection biases (0 = fixed)."""
+    seq_aux_loss_alpha: float = 0.0
+    """The complementary sequence-wise balance loss's weight alpha (the report's 0.0001; 0 = off): in training the
+    model adds alpha x each MoE layer's loss, averaged over the sequences and summed over the layers, to the
+    gradient (moe_balance.sequence_balance_loss). Training only: no Hugging Face field."""
     use_grouped_mm: bool = True
     q_lora_rank: int = 0
     kv_lora_rank: int = 512
@@ -72,6 +78,9 @@ class ModelArgs:
         if not 0 <= self.n_dense_layers <= self.n_layers:
             raise UserError(f"model n_dense_layers must be in [0, n_layers = {self.n_layers}], got "
                             f"{self.n_dense_layers}")
+        if not 0 <= self.seq_aux_loss_alpha < float("inf"):
+            raise UserError(f"model seq_aux_loss_alpha must be a finite number >= 0 (the report used 0.0001), got "
+                            f"{self.seq_aux_loss_alpha}")
         _ = self.mla_args, self.moe_args, self.yarn  # their own checks
 
     @property
@@ -90,7 +99,8 @@ class ModelArgs:
                        hidden_dim=self.moe_inter_dim, num_shared_experts=self.n_shared_experts,
                        score_func=self.score_func, route_norm=self.route_norm, route_scale=self.route_scale,
                        n_groups=self.n_expert_groups, topk_groups=self.n_limited_groups,
-                       bias_update_rate=self.bias_update_rate, use_grouped_mm=self.use_grouped_mm)
+                       bias_update_rate=self.bias_update_rate, aux_loss_coef=self.seq_aux_loss_alpha,
+                       balance_loss="per_sequence", use_grouped_mm=self.use_grouped_mm)
 
     @property
     def yarn(self) -> YaRN:
@@ -137,6 +147,11 @@ class Transformer(Decoder):
 
     def _rope_cache(self) -> torch.Tensor:
         return yarn_rope_cache(self.args.qk_rope_head_dim, self.args.yarn, self.args.max_seq_len)
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """The Decoder's forward; in training with seq_aux_loss_alpha, the sequence-wise balance loss of this
+        model's MoE layers (a pipeline stage's own layers) goes into the gradient."""
+        return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
 
     def init_buffers(self, buffer_device: torch.device | None = None) -> None:
         with torch.device(buffer_device or self.rope_cache.device):

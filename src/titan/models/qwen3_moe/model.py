@@ -10,7 +10,8 @@ from typing import Literal
 import torch
 
 from titan.models.common.decoder import Decoder
-from titan.models.common.moe import MoE, MoEArgs, add_balance_loss
+from titan.models.common.moe import MoE, MoEArgs
+from titan.models.common.moe_balance import add_balance_loss
 from titan.models.qwen3.model import Qwen3ModelArgs
 from titan.tools.cli import UserError
 

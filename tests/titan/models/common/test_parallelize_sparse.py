@@ -6,7 +6,9 @@ Layouts: TP 2 of Qwen3-MoE (GQA with QK-norm, a dense first block, the router's 
 both on 2 ranks, EP 4 x FSDP 2 x TP 2 of DeepSeek-V3, FSDP 2 x TP 2 and EP 2 x FSDP 2 x TP 2 of Qwen3-MoE on 4 ranks
 (the expert group holds the TP ranks). Each layout goes through the family's parallelize function.
 Under TP each rank's MoE routes its own sequence shard, so Qwen3-MoE's auxiliary loss (over all the model's layers
-at once) is the mean of per-shard losses, as under data parallel: the reference computes it so, shard by shard."""
+at once) is the mean of per-shard losses, as under data parallel: the reference computes it so, shard by shard.
+DeepSeek-V3's sequence-wise balance loss counts each sequence over the TP ranks holding its shards: its reference
+is the plain one-process model."""
 
 import os
 import sys
@@ -59,7 +61,7 @@ def _model(family: str):
             n_routed_experts=8, n_shared_experts=1, n_activated_experts=2, n_expert_groups=2, n_limited_groups=1,
             q_lora_rank=16 if family.endswith("q_lora") else 0, kv_lora_rank=16, qk_nope_head_dim=8,
             qk_rope_head_dim=8, v_head_dim=8, rope_factor=1.0, rope_mscale=0.0, rope_mscale_all_dim=0.0,
-            max_seq_len=16, bias_update_rate=1e-2)
+            max_seq_len=16, bias_update_rate=1e-2, seq_aux_loss_alpha=0.5)
     torch.manual_seed(0)
     model = model_cls(args)
     model.init_weights()
@@ -70,7 +72,8 @@ def _route_by_shard(model, dp: int, tp: int) -> None:
     """Makes every MoE layer of a one-process model route each data-parallel rank's rows and each TP rank's
     sequence shard on its own, and the model add each shard's auxiliary loss over all its layers, weighted
     1 / shards, as the layout does."""
-    from titan.models.common.moe import MoE, add_balance_loss
+    from titan.models.common.moe import MoE
+    from titan.models.common.moe_balance import add_balance_loss
 
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     shard_stats = {moe: [] for moe in layers}  # each layer's records, shard by shard
@@ -102,15 +105,18 @@ def _run(layout: Layout) -> dict:
     from titan.config import parse_args
     from titan.distributed import ParallelDims
     from titan.models.common.moe import MoE, expert_load_step
+    from titan.models.common.moe_balance import set_aux_loss_scale
     from titan.models.common.parallelize import parallelize_decoder
 
     reference = _model(layout.family)
-    _route_by_shard(reference, layout.dp, layout.tp)
+    if layout.family == "qwen3_moe":
+        _route_by_shard(reference, layout.dp, layout.tp)
     dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=layout.tp, pp=1, world_size=layout.world,
                         ep=layout.ep)
     dims.build_mesh("cpu")
     config = parse_args(["--training.mixed_precision_param", "float32", "--parallelism.enable_loss_parallel", "false"])
     model = parallelize_decoder(_model(layout.family), dims, config)
+    set_aux_loss_scale([model], 1.0, cp_tp_group=dims.submesh("cp_tp").get_group())  # as the trainer does
     group = dims.submesh("dp_cp_tp").get_group()
     B, d = TOKENS_PER_RANK[0], dims.dp_rank()
     records = {"reference": _train(reference, lambda step: _batch(step, layout.dp)),

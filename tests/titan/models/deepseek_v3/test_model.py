@@ -1,6 +1,7 @@
 """DeepSeek-V3 against transformers: random small DeepseekV3Configs import through titan.hf.load and export
-through titan.hf.save with the same float64 logits (1e-6 relative), and the flavors have transformers' parameter
-counts."""
+through titan.hf.save with the same float64 logits (1e-6 relative), the flavors have transformers' parameter
+counts, and the sequence-wise balance loss (no transformers counterpart) and its gradients are the report's
+equations (a float64 hand reference)."""
 
 import pytest
 import torch
@@ -97,3 +98,72 @@ def test_flavor_parameter_counts_equal_transformers(flavor):
     unused = one_expert * (theirs.config.n_routed_experts - theirs.config.num_experts_per_tok)
     assert sum(p.numel() for p in ours.parameters()) == total
     assert active_params(ours) == total - unused
+
+
+def _report_sequence_loss(routing, sequences, top_k):
+    """Section 2.1.2 of the DeepSeek-V3 report, eqs. 17-20, sequence by sequence: f_i = N_r / (K_r T) x the tokens
+    whose top K_r hold expert i, P_i = 1/T sum_t s'_it with s'_it = s_it / sum_j s_jt over all N_r experts; each
+    layer's sum_i f_i P_i averaged over the sequences, summed over the layers."""
+    total = 0.0
+    for scores_TE, experts_TK in routing:
+        num_experts = scores_TE.shape[-1]
+        for s_TE, chosen_TK in zip(scores_TE.chunk(sequences), experts_TK.chunk(sequences)):
+            tokens = len(s_TE)
+            hits = torch.stack([(chosen_TK == i).any(dim=1).sum() for i in range(num_experts)]).to(s_TE.dtype)
+            f = hits * num_experts / (top_k * tokens)
+            p = (s_TE / s_TE.sum(dim=1, keepdim=True)).mean(dim=0)
+            total = total + (f * p).sum() / sequences
+    return total
+
+
+def test_sequence_wise_balance_loss_and_gradients_equal_the_reports_equations():
+    """In training with seq_aux_loss_alpha the model adds alpha x the report's sequence-wise loss of each MoE layer
+    (its top-k picked with the selection bias, its scores without) to the gradient: the loss and every parameter
+    gradient of cross-entropy + alpha x the loss equal a float64 hand reference over 3 sequences."""
+    from titan.components.loss import cross_entropy_loss
+    from titan.models.common.moe import MoE
+    from titan.models.common.moe_balance import sequence_balance_loss
+    from titan.models.deepseek_v3.model import ModelArgs
+
+    alpha, top_k = 0.5, 3
+    args = ModelArgs(dim=32, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=61, inter_dim=48, moe_inter_dim=16,
+                     n_routed_experts=8, n_shared_experts=1, n_activated_experts=top_k, kv_lora_rank=16,
+                     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, rope_factor=1.0, max_seq_len=16,
+                     seq_aux_loss_alpha=alpha)
+    torch.manual_seed(0)
+    model = Transformer(args).to(torch.float64)
+    model.init_weights()
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    with torch.no_grad():  # scores far from 1/2 and a bias that changes the choice: the loss has something to see
+        for moe in layers:
+            moe.router.gate.weight.normal_(0, 0.5)
+            moe.router.expert_bias.normal_(0, 0.1)
+    tokens = torch.randint(0, 61, (3, 16), generator=torch.Generator().manual_seed(4))
+    model.train()
+    records, routing = [], []
+    for moe in layers:
+        moe.register_forward_hook(lambda m, inputs, y: records.append(m.balance_stats))
+        moe.router.register_forward_hook(lambda m, inputs, y: routing.append((y[2], y[1])))
+    cross_entropy_loss(model(tokens)[:, :-1], tokens[:, 1:]).backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
+    want = _report_sequence_loss(routing, len(tokens), top_k)
+    prob_sums, counts = (torch.stack([r[i] for r in records]) for i in (0, 1))
+    torch.testing.assert_close(sequence_balance_loss(prob_sums, counts, records[0][2], top_k), want,
+                               rtol=1e-12, atol=0)
+    model.zero_grad()
+    for moe in layers:  # the reference adds the loss itself
+        moe.args.aux_loss_coef = 0.0
+    routing.clear()
+    logits = model(tokens)
+    (cross_entropy_loss(logits[:, :-1], tokens[:, 1:]) + alpha * _report_sequence_loss(routing, 3, top_k)).backward()
+    for name, p in model.named_parameters():
+        assert _rel(ours[name], p.grad) < 1e-10, name
+
+
+def test_a_negative_or_infinite_sequence_loss_weight_is_one_user_error():
+    from titan.models.deepseek_v3.model import ModelArgs
+    from titan.tools.cli import UserError
+
+    for alpha in (-1e-4, float("inf"), float("nan")):
+        with pytest.raises(UserError, match=r"^model seq_aux_loss_alpha must be a finite number >= 0"):
+            ModelArgs(seq_aux_loss_alpha=alpha)

@@ -8,7 +8,8 @@ import torch
 
 import titan.hf
 from titan.components.loss import cross_entropy_loss
-from titan.models.common.moe import MoE, load_balancing_loss
+from titan.models.common.moe import MoE
+from titan.models.common.moe_balance import load_balancing_loss
 from titan.models.qwen3_moe.flavors import qwen3_moe_flavors
 from titan.models.qwen3_moe.hf_config import to_hf
 from titan.models.qwen3_moe.model import Qwen3MoeDecoder, active_params
