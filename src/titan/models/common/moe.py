@@ -208,10 +208,34 @@ class GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (back,) = ctx.saved_tensors
-        rows = _index_rows(grad, back)
-        if ctx.copies > 1:
-            rows = rows.view(-1, ctx.copies, *rows.shape[1:]).sum(dim=1)
-        return rows, None, None, None
+        if ctx.copies > 1:  # one embedding_bag: gathered and summed without the gathered copies in between
+            return F.embedding_bag(back.view(-1, ctx.copies), grad, mode="sum"), None, None, None
+        return _index_rows(grad, back), None, None, None
+
+
+class Combine(torch.autograd.Function):
+    """Each token's k expert outputs weighted and summed straight from expert order:
+    out_TD[t] = sum_j w_TK[t, j] * y_ND[slot_N[t * k + j]], where order_N = slot_N's inverse. One embedding_bag
+    (accumulating in fp32, as a batched product would) instead of a gather then a product: on the CPU 4-8x faster,
+    and its backward gives the outputs' gradient in expert order in one more."""
+
+    @staticmethod
+    def forward(ctx, y_ND: torch.Tensor, w_TK: torch.Tensor, slot_N: torch.Tensor,
+                order_N: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y_ND, w_TK, slot_N, order_N)
+        return F.embedding_bag(slot_N.view_as(w_TK), y_ND, mode="sum", per_sample_weights=w_TK)
+
+    @staticmethod
+    def backward(ctx, grad_TD: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        y_ND, w_TK, slot_N, order_N = ctx.saved_tensors
+        grad_y = grad_w = None
+        if ctx.needs_input_grad[0]:  # expert-order row n: its token's gradient times its weight
+            grad_y = F.embedding_bag((order_N // w_TK.shape[1]).unsqueeze(1), grad_TD, mode="sum",
+                                     per_sample_weights=w_TK.flatten()[order_N].unsqueeze(1))
+        if ctx.needs_input_grad[1]:
+            y_TKD = _index_rows(y_ND, slot_N).view(*w_TK.shape, -1)
+            grad_w = torch.bmm(y_TKD, grad_TD.unsqueeze(-1)).squeeze(-1)
+        return grad_y, grad_w, None, None
 
 
 class _AuxLossGrad(torch.autograd.Function):
@@ -305,9 +329,8 @@ class MoE(nn.Module):
         x_ND = GatherRows.apply(x_TD.to(_experts_dtype(x_TD)), order_N // self.args.top_k, slot_N,
                                 self.args.top_k)
         y_ND = self.experts(x_ND, counts_E)
-        # Each token's k outputs weighted and summed in one batched product, in the experts' dtype.
-        y_TKD = GatherRows.apply(y_ND, slot_N, order_N, 1).view(*experts_TK.shape, -1)
-        out_TD = torch.bmm(weights_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1).to(x_TD.dtype)
+        # Each token's k outputs weighted and summed in the experts' dtype.
+        out_TD = Combine.apply(y_ND, weights_TK.to(y_ND.dtype), slot_N, order_N).to(x_TD.dtype)
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         return out_TD.view_as(x_BTD)
