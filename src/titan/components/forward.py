@@ -11,7 +11,7 @@ from torch import nn
 
 from titan.distributed.pipeline import build_schedule, microbatch_count
 from titan.distributed.utils import autocast_context, cp_context, loss_parallel_context, replicated_value
-from titan.models.common.moe import set_aux_loss_scale
+from titan.models.common.moe_load import set_aux_loss_scale
 
 
 class ForwardPath:

@@ -4,7 +4,8 @@ copied in), the grouped GEMM against the per-expert loop, and the load-balancing
 import pytest
 import torch
 
-from titan.models.common.moe import MoE, MoEArgs, expert_load_step, load_balancing_loss
+from titan.models.common.moe import MoE, MoEArgs, load_balancing_loss
+from titan.models.common.moe_load import expert_load_step
 from titan.tools.cli import UserError
 
 transformers = pytest.importorskip("transformers")
