@@ -39,7 +39,7 @@ from titan.distributed.runtime import (
 )
 from titan.distributed.utils import clip_grad_norm_, mean_over_loss_holders, replicated_value
 from titan.models import get_model_spec
-from titan.models.common.moe import expert_load_values
+from titan.models.common.moe_load import expert_load_values
 from titan.quantization.float8 import precompute_float8_scales
 from titan.tools.cli import Interrupted, UserError
 from titan.tools.fault import fault_point

@@ -68,8 +68,8 @@ def moe_activation_elems(moe_args, dim: int, load: float = 1.0) -> float:
     """Per token, what MoE.forward saves for backward (bf16 elements, fp32 counting two, int64 four): the router's
     fp32 input and scores and the chosen experts (with group-limited sigmoid routing its group choices, with
     renormalisation the weights and their sum); for each of the k routed copies two int64 indices (to expert order
-    and back), the gathered input, both up-projections, the SiLU and the product, the gathered output and its bf16
-    routing weight (the combining product's operands); the shared experts' SwiGLU. `load`: the copies the rank's
+    and back), the gathered input, both up-projections, the SiLU and the product, the experts' output and its bf16
+    routing weight (the weighted sum's operands); the shared experts' SwiGLU. `load`: the copies the rank's
     experts compute over k per token (expert parallel), which scales what the grouped GEMMs save (their input and
     outputs); the rest stays with the tokens' rank."""
     k, h, experts, groups = moe_args.top_k, moe_args.hidden_dim, moe_args.num_experts, moe_args.n_groups

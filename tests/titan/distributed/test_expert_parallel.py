@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tests.launch import run_module
-from titan.models.common.moe import MoE, MoEArgs, expert_load_step
+from titan.models.common.moe import MoE, MoEArgs
+from titan.models.common.moe_load import expert_load_step
 
 DIM, HIDDEN, TOKENS = 16, 8, 24
 ARGS = {

@@ -36,7 +36,7 @@ def _train(model, tokens_fn, group=None) -> list[tuple[float, float]]:
     import torch.nn.functional as F
 
     from titan.distributed.utils import clip_grad_norm_
-    from titan.models.common.moe import expert_load_step
+    from titan.models.common.moe_load import expert_load_step
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     records = []

@@ -211,10 +211,35 @@ class GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (back,) = ctx.saved_tensors
-        rows = _index_rows(grad, back)
-        if ctx.copies > 1:
-            rows = rows.view(-1, ctx.copies, *rows.shape[1:]).sum(dim=1)
-        return rows, None, None, None
+        if ctx.copies > 1:  # one embedding_bag: gathered and summed without the gathered copies in between
+            return F.embedding_bag(back.view(-1, ctx.copies), grad, mode="sum"), None, None, None
+        return _index_rows(grad, back), None, None, None
+
+
+class Combine(torch.autograd.Function):
+    """Each token's k expert outputs weighted and summed straight from expert order:
+    out_TD[t] = sum_j w_TK[t, j] * y_ND[slot_N[t * k + j]], where order_N = slot_N's inverse. One embedding_bag
+    (accumulating in fp32, as a batched product would; 16-bit results round ties away from zero) instead of a gather
+    that copies every output once more then a product; in backward one more gives the outputs' gradient in expert
+    order."""
+
+    @staticmethod
+    def forward(ctx, y_ND: torch.Tensor, w_TK: torch.Tensor, slot_N: torch.Tensor,
+                order_N: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(y_ND, w_TK, slot_N, order_N)
+        return F.embedding_bag(slot_N.view_as(w_TK), y_ND, mode="sum", per_sample_weights=w_TK)
+
+    @staticmethod
+    def backward(ctx, grad_TD: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        y_ND, w_TK, slot_N, order_N = ctx.saved_tensors
+        grad_y = grad_w = None
+        if ctx.needs_input_grad[0]:  # expert-order row n: its token's gradient times its weight
+            grad_y = F.embedding_bag((order_N // w_TK.shape[1]).unsqueeze(1), grad_TD, mode="sum",
+                                     per_sample_weights=w_TK.flatten()[order_N].unsqueeze(1))
+        if ctx.needs_input_grad[1]:
+            y_TKD = _index_rows(y_ND, slot_N).view(*w_TK.shape, -1)
+            grad_w = torch.bmm(y_TKD, grad_TD.unsqueeze(-1)).squeeze(-1)
+        return grad_y, grad_w, None, None
 
 
 def expert_counts(experts_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -275,9 +300,8 @@ class MoE(nn.Module):
         x_ND = GatherRows.apply(x_TD.to(_experts_dtype(x_TD)), order_N // self.args.top_k, slot_N,
                                 self.args.top_k)
         y_ND = self.experts(x_ND, counts_E)
-        # Each token's k outputs weighted and summed in one batched product, in the experts' dtype.
-        y_TKD = GatherRows.apply(y_ND, slot_N, order_N, 1).view(*experts_TK.shape, -1)
-        out_TD = torch.bmm(weights_TK.to(y_TKD.dtype).unsqueeze(1), y_TKD).squeeze(1).to(x_TD.dtype)
+        # Each token's k outputs weighted and summed in the experts' dtype.
+        out_TD = Combine.apply(y_ND, weights_TK.to(y_ND.dtype), slot_N, order_N).to(x_TD.dtype)
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         return out_TD.view_as(x_BTD)
@@ -295,58 +319,3 @@ class MoE(nn.Module):
         self.tokens_per_expert.zero_()
         if self.args.score_func == "softmax":
             self.router.expert_bias.zero_()
-
-
-LOAD_METRICS = ("moe_tokens_min", "moe_tokens_max", "moe_imbalance", "moe_imbalance_all_layers")
-
-
-@torch.no_grad()
-def expert_load_step(model: nn.Module | list[nn.Module], group=None, pp_group=None,
-                     num_experts: int = 0) -> dict[str, torch.Tensor]:
-    """After an optimizer step: sums every MoE layer's routed-token counts over `group` (the ranks that see other
-    tokens: data and context parallel, and tensor parallel, whose ranks route their own sequence shards), moves
-    DeepSeek-V3's selection biases towards balance, resets the counts, and returns the load seen as 0-d tensors on
-    the device, read by the host only when it logs: tokens per expert, min and max over layers and experts;
-    imbalance = max / mean of the worst layer; imbalance_all_layers = max / mean of the experts' counts summed over
-    the layers (what the all-layer balance loss balances). `model`: a model or a rank's pipeline stages; `pp_group`:
-    the pipeline ranks, whose stages hold the other layers (the model has experts, so every stage takes part, one
-    without MoE layers too, which needs `num_experts`, that of every MoE layer). Nothing when there is no MoE layer
-    and no pipeline."""
-    parts = model if isinstance(model, list) else [model]
-    layers = [m for part in parts for m in part.modules() if isinstance(m, MoE)]
-    if not layers and pp_group is None:
-        return {}
-    if layers:
-        counts_LE = torch.stack([m.tokens_per_expert for m in layers])
-        if group is not None:
-            torch.distributed.all_reduce(counts_LE, group=group)
-        for moe, counts_E in zip(layers, counts_LE):
-            if moe.args.bias_update_rate:
-                bias = moe.router.expert_bias
-                bias += moe.args.bias_update_rate * torch.sign(counts_E.mean() - counts_E).to(bias.dtype)
-            moe.tokens_per_expert.zero_()
-        mean_L = counts_LE.mean(dim=1).clamp(min=1)
-        # -min, so that the stages' three values combine by a max.
-        stats = torch.stack([-counts_LE.min(), counts_LE.max(), (counts_LE.max(dim=1).values / mean_L).max()])
-        counts_E = counts_LE.sum(dim=0)
-    else:  # a stage of dense blocks: the identity of each max, and no tokens
-        device = next(b.device for part in parts for b in (*part.parameters(), *part.buffers()))
-        stats = torch.tensor([-torch.inf, 0.0, 0.0], device=device)
-        counts_E = torch.zeros(num_experts, device=device)
-    values = torch.cat([stats.double(), counts_E.double()])
-    if pp_group is not None:  # one gather: the stages' stats combine by a max, their counts by a sum
-        gathered = [torch.empty_like(values) for _ in range(torch.distributed.get_world_size(pp_group))]
-        torch.distributed.all_gather(gathered, values, group=pp_group)
-        stages_SV = torch.stack(gathered)
-        values = torch.cat([stages_SV[:, :3].max(dim=0).values, stages_SV[:, 3:].sum(dim=0)])
-    stats, counts_E = values[:3], values[3:]
-    return dict(zip(LOAD_METRICS, (-stats[0], stats[1], stats[2], counts_E.max() / counts_E.mean().clamp(min=1))))
-
-
-def expert_load_values(parts: list[nn.Module], group=None, pp_group=None,
-                       num_experts: int = 0) -> tuple[list[str], torch.Tensor]:
-    """expert_load_step over a rank's model parts: the metric names and their values as one float64 device tensor
-    (empty without MoE layers)."""
-    stats = expert_load_step(parts, group, pp_group, num_experts)
-    values = torch.stack(list(stats.values())).double() if stats else torch.zeros(0, dtype=torch.float64)
-    return list(stats), values

@@ -4,8 +4,9 @@ copied in), the grouped GEMM against the per-expert loop, and the load-balancing
 import pytest
 import torch
 
-from titan.models.common.moe import MoE, MoEArgs, expert_load_step
+from titan.models.common.moe import MoE, MoEArgs
 from titan.models.common.moe_balance import load_balancing_loss
+from titan.models.common.moe_load import expert_load_step
 from titan.tools.cli import UserError
 
 transformers = pytest.importorskip("transformers")
@@ -82,6 +83,24 @@ def test_qwen3_moe_block_matches_transformers(norm_topk_prob):
     ours, theirs = qwen3_pair(norm_topk_prob=norm_topk_prob)
     x = _inputs()
     _assert_rel(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "loop"])
+def test_qwen3_moe_block_gradients_match_transformers(grouped):
+    """The input's, the router's (through the routing weights only) and the experts' gradients: what the token
+    copies' gathers and the weighted sum give back in backward."""
+    ours, theirs = qwen3_pair(top_k=3)
+    ours.experts.use_grouped_mm = grouped
+    x = _inputs()
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got, want = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours(got).backward(grad)
+    theirs(want).backward(grad)
+    gate_up, down = theirs.experts.gate_up_proj.grad, theirs.experts.down_proj.grad
+    for a, b in [(got.grad, want.grad), (ours.router.gate.weight.grad, theirs.gate.weight.grad),
+                 (ours.experts.w1.grad, gate_up[:, :HIDDEN]), (ours.experts.w3.grad, gate_up[:, HIDDEN:]),
+                 (ours.experts.w2.grad, down)]:
+        _assert_rel(a, b)
 
 
 def test_deepseek_v3_moe_matches_transformers_with_group_limited_routing_and_bias():

@@ -104,8 +104,9 @@ def _route_by_shard(model, dp: int, tp: int) -> None:
 def _run(layout: Layout) -> dict:
     from titan.config import parse_args
     from titan.distributed import ParallelDims
-    from titan.models.common.moe import MoE, expert_load_step
+    from titan.models.common.moe import MoE
     from titan.models.common.moe_balance import set_aux_loss_scale
+    from titan.models.common.moe_load import expert_load_step
     from titan.models.common.parallelize import parallelize_decoder
 
     reference = _model(layout.family)
