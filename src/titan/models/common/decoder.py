@@ -54,16 +54,16 @@ class DecoderArgs:
         kv = self.n_kv_heads or self.n_heads
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", "max_context_len"):
             if getattr(self, name) <= 0:
-                raise UserError(f"model {name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.n_heads % kv:
             raise UserError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}; pick a divisor")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise UserError(f"head dim {self.head_dim} must be even and > 0 for RoPE")
         if self.ffn_hidden_dim <= 0:
-            raise UserError(f"model hidden_dim (the SwiGLU width) must be > 0, got {self.ffn_hidden_dim}")
+            raise UserError(f"hidden_dim (the SwiGLU width) must be > 0, got {self.ffn_hidden_dim}")
         if self.hidden_dim < 0 or self.norm_eps <= 0 or self.rope_theta <= 0:
-            raise UserError(f"model hidden_dim must be >= 0 and norm_eps, rope_theta > 0, got {self.hidden_dim}, "
-                             f"{self.norm_eps}, {self.rope_theta}")
+            raise UserError(f"hidden_dim must be >= 0 and norm_eps, rope_theta > 0, got "
+                             f"{self.hidden_dim}, {self.norm_eps}, {self.rope_theta}")
         if self.rope_scaling == "llama3":
             if not (self.rope_factor >= 1 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
                 raise UserError(f"llama3 rope scaling needs factor >= 1 and 0 < low_freq_factor < "

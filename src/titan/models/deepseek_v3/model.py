@@ -74,12 +74,12 @@ class ModelArgs:
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "inter_dim", "max_seq_len"):
             if getattr(self, name) <= 0:
-                raise UserError(f"model {name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.n_dense_layers <= self.n_layers:
-            raise UserError(f"model n_dense_layers must be in [0, n_layers = {self.n_layers}], got "
+            raise UserError(f"n_dense_layers must be in [0, n_layers = {self.n_layers}], got "
                             f"{self.n_dense_layers}")
         if not 0 <= self.seq_aux_loss_alpha < float("inf"):
-            raise UserError(f"model seq_aux_loss_alpha must be a finite number >= 0 (the report used 0.0001), got "
+            raise UserError(f"seq_aux_loss_alpha must be a finite number >= 0 (the report used 0.0001), got "
                             f"{self.seq_aux_loss_alpha}")
         _ = self.mla_args, self.moe_args, self.yarn  # their own checks
 

@@ -26,9 +26,9 @@ class ModelArgs(DecoderArgs):
 
     def __post_init__(self) -> None:
         if self.multiple_of <= 0:
-            raise UserError(f"model multiple_of must be > 0, got {self.multiple_of}")
+            raise UserError(f"multiple_of must be > 0, got {self.multiple_of}")
         if self.n_heads > 0 and self.dim % self.n_heads:
-            raise UserError(f"model dim {self.dim} is not divisible by n_heads {self.n_heads}")
+            raise UserError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         super().__post_init__()
 
     @property

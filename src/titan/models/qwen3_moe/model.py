@@ -48,7 +48,7 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.decoder_sparse_step < 1:
-            raise UserError(f"model decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+            raise UserError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
         _ = self.moe_args  # its own checks
 
     @property

@@ -46,6 +46,10 @@ def test_a_value_the_family_refuses_is_one_line():
         resolve("--model.n_kv_heads", "3")
     with pytest.raises(UserError, match="model: head dim 7 must be even"):
         resolve("--model.head_dim", "7", model="qwen3")
+    with pytest.raises(UserError, match="^model: n_layers must be > 0, got 0$"):  # "model:" once
+        resolve("--model.n_layers", "0")
+    with pytest.raises(UserError, match="^model: decoder_sparse_step must be >= 1"):
+        resolve("--model.decoder_sparse_step", "0", model="qwen3_moe")
 
 
 def test_the_hf_flavor_needs_a_folder_and_only_an_hf_initial_load_is_one(tmp_path):

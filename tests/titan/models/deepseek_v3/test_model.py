@@ -165,5 +165,5 @@ def test_a_negative_or_infinite_sequence_loss_weight_is_one_user_error():
     from titan.tools.cli import UserError
 
     for alpha in (-1e-4, float("inf"), float("nan")):
-        with pytest.raises(UserError, match=r"^model seq_aux_loss_alpha must be a finite number >= 0"):
+        with pytest.raises(UserError, match=r"^seq_aux_loss_alpha must be a finite number >= 0"):
             ModelArgs(seq_aux_loss_alpha=alpha)
