@@ -155,10 +155,13 @@ class GroupedExperts(nn.Module):
             h = F.silu(torch._grouped_mm(x_ND, w1.transpose(-2, -1), offs=offsets))
             h = h * torch._grouped_mm(x_ND, w3.transpose(-2, -1), offs=offsets)
             return _ContiguousGrad.apply(torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets))
-        # unbind: one gradient buffer per weight in backward, where indexing w[e] would make one per expert.
-        outs = [F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
-                for x, g, d, u in zip(torch.split(x_ND, counts_E.tolist()), w1.unbind(), w2.unbind(), w3.unbind())]
-        return torch.cat(outs)
+        counts = counts_E.tolist()
+        if torch.compiler.is_compiling():
+            # The loop's in-place writes do not trace inside an autograd.Function; compiled, the graph places the
+            # pieces itself. unbind: one gradient buffer per weight, where indexing w[e] would make one per expert.
+            return torch.cat([F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d) for x, g, d, u
+                              in zip(torch.split(x_ND, counts), w1.unbind(), w2.unbind(), w3.unbind())])
+        return _ExpertLoop.apply(x_ND, w1, w2, w3, counts)
 
     def init_weights(self, init_std: float) -> None:
         nn.init.trunc_normal_(self.w1, mean=0.0, std=0.02)
@@ -176,6 +179,45 @@ def grouped_mm_supported(x: torch.Tensor) -> bool:
     if x.device.type == "cuda":
         return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
     return False
+
+
+class _ExpertLoop(torch.autograd.Function):
+    """The experts one matmul at a time on their slices of x_ND, every output and gradient written in place into
+    one tensor (no concatenation of per-expert pieces, no stacking of per-expert weight gradients); each expert's
+    elementwise ops stay on its own slice, which the cache still holds."""
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
+                counts: list[int]) -> torch.Tensor:
+        y_ND = x_ND.new_empty(x_ND.shape[0], w2.shape[1])
+        saved = []
+        for e, (x, y) in enumerate(zip(x_ND.split(counts), y_ND.split(counts))):
+            gate, up = torch.mm(x, w1[e].t()), torch.mm(x, w3[e].t())
+            act = F.silu(gate)
+            h = act * up
+            torch.mm(h, w2[e].t(), out=y)
+            saved += [gate, act, up, h]
+        ctx.save_for_backward(x_ND, w1, w2, w3, *saved)
+        ctx.counts = counts
+        return y_ND
+
+    @staticmethod
+    def backward(ctx, grad_ND: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x_ND, w1, w2, w3, *saved = ctx.saved_tensors
+        grad_ND = grad_ND.contiguous()
+        grad_x, grad_w1, grad_w2, grad_w3 = (torch.empty_like(t) for t in (x_ND, w1, w2, w3))
+        slices = zip(x_ND.split(ctx.counts), grad_ND.split(ctx.counts), grad_x.split(ctx.counts))
+        for e, (x, grad_y, gx) in enumerate(slices):
+            gate, act, up, h = saved[4 * e:4 * e + 4]
+            torch.mm(grad_y.t(), h, out=grad_w2[e])
+            grad_h = torch.mm(grad_y, w2[e])
+            grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate)
+            grad_up = grad_h.mul_(act)
+            torch.mm(grad_gate, w1[e], out=gx)
+            gx.addmm_(grad_up, w3[e])
+            torch.mm(grad_gate.t(), x, out=grad_w1[e])
+            torch.mm(grad_up.t(), x, out=grad_w3[e])
+        return grad_x, grad_w1, grad_w2, grad_w3, None
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -220,8 +262,10 @@ class Combine(torch.autograd.Function):
     """Each token's k expert outputs weighted and summed straight from expert order:
     out_TD[t] = sum_j w_TK[t, j] * y_ND[slot_N[t * k + j]], where order_N = slot_N's inverse. One embedding_bag
     (accumulating in fp32, as a batched product would; 16-bit results round ties away from zero) instead of a gather
-    that copies every output once more then a product; in backward one more gives the outputs' gradient in expert
-    order."""
+    that copies every output once more then a product. In backward the tokens' gradient is gathered once into
+    expert order: times the weights it is the outputs' gradient, and multiplied by the outputs and summed over the
+    features, the weights' (as transformers differentiates its `output * weight`: products in the dtype, summed in
+    fp32)."""
 
     @staticmethod
     def forward(ctx, y_ND: torch.Tensor, w_TK: torch.Tensor, slot_N: torch.Tensor,
@@ -232,13 +276,9 @@ class Combine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_TD: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         y_ND, w_TK, slot_N, order_N = ctx.saved_tensors
-        grad_y = grad_w = None
-        if ctx.needs_input_grad[0]:  # expert-order row n: its token's gradient times its weight
-            grad_y = F.embedding_bag((order_N // w_TK.shape[1]).unsqueeze(1), grad_TD, mode="sum",
-                                     per_sample_weights=w_TK.flatten()[order_N].unsqueeze(1))
-        if ctx.needs_input_grad[1]:
-            y_TKD = _index_rows(y_ND, slot_N).view(*w_TK.shape, -1)
-            grad_w = torch.bmm(y_TKD, grad_TD.unsqueeze(-1)).squeeze(-1)
+        grad_ND = _index_rows(grad_TD, order_N // w_TK.shape[1])
+        grad_w = (y_ND * grad_ND).sum(-1)[slot_N].view_as(w_TK) if ctx.needs_input_grad[1] else None
+        grad_y = grad_ND.mul_(w_TK.flatten()[order_N].unsqueeze(1)) if ctx.needs_input_grad[0] else None
         return grad_y, grad_w, None, None
 
 
