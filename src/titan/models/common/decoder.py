@@ -193,11 +193,15 @@ class Decoder(nn.Module):
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         # Tied: the logits use the embedding matrix, so there is no separate output layer.
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.register_buffer("rope_cache", rope_cache(args, args.max_seq_len), persistent=False)
+        self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
+
+    def _rope_cache(self) -> torch.Tensor:
+        """The RoPE table of the training sequence length (a family with other rotary dims overrides it)."""
+        return rope_cache(self.args, self.args.max_seq_len)
 
     def init_buffers(self, buffer_device: torch.device | None = None) -> None:
         with torch.device(buffer_device or self.rope_cache.device):
-            self.rope_cache = rope_cache(self.args, self.args.max_seq_len)
+            self.rope_cache = self._rope_cache()
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initializes parameters and the RoPE table in place (after `to_empty` from the meta device)."""

@@ -1,8 +1,6 @@
 """The balance losses of a mixture of experts, added to the gradient of the model's loss: Qwen3-MoE's Switch
 loss (over all layers at once or per layer) and DeepSeek-V3's sequence-wise loss, from the routing each MoE layer
-records in a training forward (MoE.balance_stats).
-
-    out = add_balance_loss(decoder_out, [m for m in model.modules() if isinstance(m, MoE)])
+records in a training forward (MoE.balance_stats); MoEDecoder, the families' base, adds them in its forward.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
+from titan.models.common.decoder import Decoder
 from titan.models.common.moe import MoE
 
 
@@ -98,3 +97,19 @@ def set_aux_loss_scale(parts: list[nn.Module], scale: float, cp_group=None, cp_t
     for moe in (m for part in parts for m in part.modules() if isinstance(m, MoE)):
         moe.aux_loss_scale = scale
         moe.aux_loss_group = cp_tp_group if moe.args.balance_loss == "per_sequence" else cp_group
+
+
+class MoEDecoder(Decoder):
+    """A Decoder with mixture-of-experts layers: their buffers are initialized with the model's, and in training its
+    forward adds their balance loss (MoEArgs.aux_loss_coef; a pipeline stage's own layers) to the gradient."""
+
+    def moe_layers(self) -> list[MoE]:
+        return [m for m in self.modules() if isinstance(m, MoE)]
+
+    def init_buffers(self, buffer_device: torch.device | None = None) -> None:
+        super().init_buffers(buffer_device)
+        for moe in self.moe_layers():
+            moe.init_buffers()
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        return add_balance_loss(super().forward(tokens_BT), self.moe_layers())

@@ -11,10 +11,10 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from titan.models.common.decoder import Decoder, FeedForward
+from titan.models.common.decoder import FeedForward
 from titan.models.common.mla import MLA, MLAArgs
 from titan.models.common.moe import MoE, MoEArgs
-from titan.models.common.moe_balance import add_balance_loss
+from titan.models.common.moe_balance import MoEDecoder
 from titan.models.common.rope import YaRN, yarn_rope_cache
 from titan.tools.cli import UserError
 
@@ -132,7 +132,7 @@ class TransformerBlock(nn.Module):
         (self.feed_forward if self.moe is None else self.moe).init_weights(self.init_std)
 
 
-class Transformer(Decoder):
+class Transformer(MoEDecoder):
     """The toolkit's Decoder (its forward, init and pipeline/context-parallel hooks) over DeepSeek-V3 blocks and a
     YaRN table of the rotary head dims."""
 
@@ -148,16 +148,6 @@ class Transformer(Decoder):
     def _rope_cache(self) -> torch.Tensor:
         return yarn_rope_cache(self.args.qk_rope_head_dim, self.args.yarn, self.args.max_seq_len)
 
-    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """The Decoder's forward; in training with seq_aux_loss_alpha, the sequence-wise balance loss of this
-        model's MoE layers (a pipeline stage's own layers) goes into the gradient."""
-        return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
-
-    def init_buffers(self, buffer_device: torch.device | None = None) -> None:
-        with torch.device(buffer_device or self.rope_cache.device):
-            self.rope_cache = self._rope_cache()
-        for moe in (m for m in self.modules() if isinstance(m, MoE)):
-            moe.init_buffers()
 
 
 def flops_per_token(model: Transformer, args: ModelArgs, seq_len: int) -> float:

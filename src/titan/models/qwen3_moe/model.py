@@ -7,11 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
-from titan.models.common.decoder import Decoder
 from titan.models.common.moe import MoE, MoEArgs
-from titan.models.common.moe_balance import add_balance_loss
+from titan.models.common.moe_balance import MoEDecoder
 from titan.models.qwen3.model import Qwen3ModelArgs
 from titan.tools.cli import UserError
 
@@ -61,7 +58,7 @@ class Qwen3MoeModelArgs(Qwen3ModelArgs):
         return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
 
 
-class Qwen3MoeDecoder(Decoder):
+class Qwen3MoeDecoder(MoEDecoder):
     """The toolkit's Decoder with a MoE as the feed-forward of its sparse blocks."""
 
     def __init__(self, args: Qwen3MoeModelArgs):
@@ -70,21 +67,11 @@ class Qwen3MoeDecoder(Decoder):
             if args.is_moe_layer(int(i)):
                 block.feed_forward = MoE(args.dim, args.moe_args)
 
-    def init_buffers(self, buffer_device=None) -> None:
-        super().init_buffers(buffer_device)
-        for moe in (m for m in self.modules() if isinstance(m, MoE)):
-            moe.init_buffers()
-
-    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """The Decoder's forward; in training, the balance loss of this model's MoE layers (a pipeline stage's own
-        layers) goes into the gradient."""
-        return add_balance_loss(super().forward(tokens_BT), [m for m in self.modules() if isinstance(m, MoE)])
-
 
 def active_params(model: Qwen3MoeDecoder) -> int:
     """Parameters one token uses: all but the routed experts it does not reach (k of E per MoE layer)."""
     args = model.args
-    routed = sum(p.numel() for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters())
+    routed = sum(p.numel() for m in model.moe_layers() for p in m.experts.parameters())
     return sum(p.numel() for p in model.parameters()) - routed // args.num_experts * (args.num_experts - args.top_k)
 
 
