@@ -1,27 +1,25 @@
-"""Did morphens' C kernels (src/morphens/kernels.c) beat the best torch option? Side by side, in one run.
-
-None beat it by 1.3x on both nets, so they were removed after this comparison (benchmarks/RESULTS.md); their
-options run at a commit that still has src/morphens/fused.py (948a282), and the torch options run anywhere.
+"""Does morphens.native (BatchNorm + ReLU + the 2x2 max pooling of a VGG block, in C) beat the best torch option?
+Side by side, in one run.
 
 For the fashion sweep's mother and its first member (configs/morphens/fashion_sweep.toml, K = 8, batch 256 and
 128) it times one training step (forward, backward, AdamW) under each option, rounds interleaved so that a
 machine's load moves every option alike:
-- `eager-Nt`: torch's own ops, N = 1 and 2 threads;
-- `compile-Nt`: the net under torch.compile (inductor's fused C++), N = 1 and 2 threads;
-- `c-<kernel>`: eager on 1 thread (the kernels are serial) with one C kernel serving the net, and `c-all` with all;
-- `torch-bn-1t`: eager on 1 thread with torch's BatchNorm + ReLU instead of `models.bn_relu` (which runs over
-  (rows, k * C) views of channels-last memory), at commits that have it.
-A kernel earns its place where its step beats the best torch option by 1.3x or more.
+- `native-1t`: eager on 1 thread with morphens.native serving (morphens' default where it builds);
+- `eager-Nt`: torch's ops only (`MORPHENS_NATIVE=0`: models.bn_relu and F.max_pool2d), N = 1 and 2 threads;
+- `compile-Nt`: the net under torch.compile (inductor's fused C++; native never serves there), N = 1 and 2;
+- `torch-bn-1t`: eager on 1 thread with torch's own BatchNorm + ReLU instead of models.bn_relu.
+native earns its place where its step beats the best torch option by 1.3x or more (the C kernels removed
+earlier, src/morphens/kernels.c, were measured by this script at 948a282).
 
 `python benchmarks/morphens_kernels.py [--steps 20] [--rounds 3] [--clock wall|cpu] [--options a,b]
-[--out outputs/bench/morphens_kernels]` prints
-a table and writes results.json.
+[--out outputs/bench/morphens_kernels]` prints a table and writes results.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -30,11 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from morphens import models
-
-try:
-    from morphens import fused
-except ImportError:  # the kernels' removal: only the torch options remain
-    fused = None
 from morphens.config import load_config
 from morphens.data import Loader, load
 from morphens.experiment import members_of
@@ -42,23 +35,14 @@ from morphens.mother import cluster, mother_of
 from morphens.train import seeded
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs/morphens/fashion_sweep.toml"
-TORCH_OPS = {"bn_relu": lambda x, bn: F.relu(bn(x)), "max_pool2": lambda x: F.max_pool2d(x, 2),
-             "conv": lambda x, conv2d: conv2d(x)}
-C_OPS = {name: getattr(fused, name) for name in TORCH_OPS} if fused else {}
 KEEP_RATIO = 1.3
+BN_RELU = models.bn_relu
 
 
-BN_RELU = getattr(models, "bn_relu", None)
-
-
-def use_kernels(names: set[str]) -> None:
-    """Routes models' layers through the C kernels named, torch's ops for the rest; "torch-bn" swaps
-    models.bn_relu for torch's own BatchNorm + ReLU."""
-    if BN_RELU:
-        models.bn_relu = (lambda x, bn: F.relu(bn(x))) if "torch-bn" in names else BN_RELU
-    if fused:
-        for name in TORCH_OPS:
-            setattr(models, name, C_OPS[name] if name in names else TORCH_OPS[name])
+def use_path(native: bool, torch_bn: bool) -> None:
+    """morphens.native on or off (its one switch); torch's own BatchNorm + ReLU for models.bn_relu if torch_bn."""
+    os.environ["MORPHENS_NATIVE"] = "1" if native else "0"
+    models.bn_relu = (lambda x, bn: F.relu(bn(x))) if torch_bn else BN_RELU
 
 
 def stepper(net: torch.nn.Module, compiled: bool):
@@ -74,15 +58,12 @@ def stepper(net: torch.nn.Module, compiled: bool):
     return step
 
 
-def options() -> dict[str, tuple[int, bool, set[str]]]:
-    """name -> (threads, compiled, C kernels)."""
-    out = {f"eager-{n}t": (n, False, set()) for n in (1, 2)}
-    out |= {f"compile-{n}t": (n, True, set()) for n in (1, 2)}
-    if BN_RELU:
-        out["torch-bn-1t"] = (1, False, {"torch-bn"})
-    if fused:
-        out |= {f"c-{name}": (1, False, {name}) for name in TORCH_OPS}
-        out["c-all"] = (1, False, set(TORCH_OPS))
+def options() -> dict[str, tuple[int, bool, bool, bool]]:
+    """name -> (threads, compiled, native, torch's BatchNorm)."""
+    out = {"native-1t": (1, False, True, False)}
+    out |= {f"eager-{n}t": (n, False, False, False) for n in (1, 2)}
+    out |= {f"compile-{n}t": (n, True, False, False) for n in (1, 2)}
+    out["torch-bn-1t"] = (1, False, False, True)
     return out
 
 
@@ -112,16 +93,16 @@ def main() -> None:
     for net_name, (arch, batch) in nets.items():
         x, y = next(iter(Loader(data, batch, limit=cfg.data.train_limit)))
         steps = {}
-        for name, (threads, compiled, kernels) in chosen.items():
+        for name, (threads, compiled, native, torch_bn) in chosen.items():
             torch.set_num_threads(threads)
-            use_kernels(kernels)
+            use_path(native, torch_bn)
             steps[name] = stepper(seeded(arch, 0).train(), compiled)
             for _ in range(3):  # compile, build the C library, warm caches
                 steps[name](x, y)
         for _ in range(args.rounds):
-            for name, (threads, _, kernels) in chosen.items():
+            for name, (threads, _, native, torch_bn) in chosen.items():
                 torch.set_num_threads(threads)
-                use_kernels(kernels)
+                use_path(native, torch_bn)
                 start = clock()
                 for _ in range(args.steps):
                     steps[name](x, y)
@@ -129,16 +110,18 @@ def main() -> None:
     rows = []
     for net_name in nets:
         ms = {name: statistics.median(times[(net_name, name)]) for name in chosen}
-        best_torch = min((name for name in ms if not name.startswith("c-") and name != "torch-bn-1t"), key=ms.get)
+        best_torch = min((name for name in ms if name.startswith(("eager", "compile"))), key=ms.get)
         for name, value in ms.items():
             rows.append({"net": net_name, "option": name, "step_ms": value, "best_torch": best_torch,
                          "vs_best_torch": ms[best_torch] / value})
     print(f"{'net':<7} {'option':<12} {'step ms':>8} {'best torch / this':>18}")
     for r in rows:
         print(f"{r['net']:<7} {r['option']:<12} {r['step_ms']:>8.2f} {r['vs_best_torch']:>17.2f}x")
-    for name in (n for n in chosen if n.startswith("c-")):
-        worst = min(r["vs_best_torch"] for r in rows if r["option"] == name)
-        print(f"{name}: {'keep' if worst >= KEEP_RATIO else 'remove'} (worst net {worst:.2f}x the best torch option)")
+    if "native-1t" in chosen:
+        for r in (r for r in rows if r["option"] == "native-1t"):
+            verdict = "earns" if r["vs_best_torch"] >= KEEP_RATIO else "misses"
+            print(f"native on the {r['net']}'s step: {r['vs_best_torch']:.2f}x the best torch option "
+                  f"({r['best_torch']}); {verdict} the {KEEP_RATIO}x bar")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"steps": args.steps, "rounds": args.rounds, "clock": args.clock, "rows": rows}

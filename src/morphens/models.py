@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from morphens import native
 from morphens.arch import MLP, VGG, Arch, ResNet, final_size
 
 BN_EPS = 1e-5
@@ -100,13 +101,20 @@ def bn_relu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
 
 
 class ConvBN(nn.Module):
-    def __init__(self, c_in: int, c_out: int, kernel: int):
+    """conv -> BatchNorm -> ReLU, then `pool` (2x2 max pooling in the last layer of a VGG block that has one after it,
+    else the identity); in one pass of morphens.native in training steps where it serves."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, pool: bool = False):
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, kernel, padding=kernel // 2, bias=False)
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS)
+        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bn_relu(self.conv(x), self.bn)
+        z = self.conv(x)
+        if native.served(z, self.bn):
+            return native.bn_relu_pool(z, self.bn, isinstance(self.pool, nn.MaxPool2d))
+        return self.pool(bn_relu(z, self.bn))
 
 
 class LinearBN(nn.Module):
@@ -151,10 +159,11 @@ class Net(nn.Module):
         c = arch.in_shape[0]
         stages: list[nn.Module] = []
         if isinstance(arch, VGG):
-            for block in arch.blocks:
+            for b, block in enumerate(arch.blocks):
                 convs = []
-                for conv in block:
-                    convs.append(ConvBN(c, conv.width, conv.kernel))
+                for i, conv in enumerate(block):
+                    pool = i == len(block) - 1 and b < len(arch.blocks) - 1
+                    convs.append(ConvBN(c, conv.width, conv.kernel, pool))
                     c = conv.width
                 stages.append(nn.Sequential(*convs))
         elif isinstance(arch, ResNet):
@@ -180,7 +189,8 @@ class Net(nn.Module):
             return self.head(x)
         x = to_channels_last(x)
         for i, stage in enumerate(self.layers.values()):
-            x = F.max_pool2d(x, 2) if i else x
+            # A VGG block pools in its last layer; ResNet stages pool here.
+            x = F.max_pool2d(x, 2) if i and isinstance(self.arch, ResNet) else x
             x = stage(x)
         # The head conv covers the whole map, so it is a matmul over the flattened features: as F.linear its
         # forward and backward cost half of what a full-map convolution does on CPU (a fixed cost of every step,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from morphens.arch import MLP, VGG, Arch, Conv, ResNet, Stage, describe
-from morphens.models import BN_EPS, Net
+from morphens.models import BN_EPS, ConvBN, Net
 
 BN = ("weight", "bias", "running_mean", "running_var")
 State = dict[str, torch.Tensor]
@@ -141,8 +141,13 @@ def _channel_stats(parent: Net, paths: list[str], calib: torch.Tensor) -> dict[s
         if len(stats) == len(paths):
             raise _Seen()  # the layers after the last of `paths` would only cost time
 
-    hooks = [parent.get_submodule(path).register_forward_hook(lambda m, i, out, path=path: record(path, out))
-             for path in paths]
+    def hook(path: str):
+        module = parent.get_submodule(path)
+        if isinstance(module, ConvBN):  # its output before its pooling (run under no_grad: the torch ops)
+            return module.pool.register_forward_pre_hook(lambda m, args, path=path: record(path, args[0]))
+        return module.register_forward_hook(lambda m, i, out, path=path: record(path, out))
+
+    hooks = [hook(path) for path in paths]
     was_training = parent.training
     parent.train()
     weights = {**dict(parent.named_parameters()), **{k: v.clone() for k, v in parent.named_buffers()}}
