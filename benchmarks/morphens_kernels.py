@@ -9,7 +9,9 @@ machine's load moves every option alike:
 - `compile-Nt`: the net under torch.compile (inductor's fused C++; native never serves there), N = 1 and 2;
 - `torch-bn-1t`: eager on 1 thread with torch's own BatchNorm + ReLU instead of models.bn_relu.
 native earns its place where its step beats the best torch option by 1.3x or more (the C kernels removed
-earlier, src/morphens/kernels.c, were measured by this script at 948a282).
+earlier, src/morphens/kernels.c, were measured by this script at 948a282). The 2-thread options use both cores
+for one net; to compare with two nets at once on one thread each (as `--training.spread members` runs them), run
+two copies of the script at the same time with one option each and add up their steps.
 
 `python benchmarks/morphens_kernels.py [--steps 20] [--rounds 3] [--clock wall|cpu] [--options a,b]
 [--out outputs/bench/morphens_kernels]` prints a table and writes results.json.
@@ -110,18 +112,18 @@ def main() -> None:
     rows = []
     for net_name in nets:
         ms = {name: statistics.median(times[(net_name, name)]) for name in chosen}
-        best_torch = min((name for name in ms if name.startswith(("eager", "compile"))), key=ms.get)
+        best_torch = min((name for name in ms if name.startswith(("eager", "compile"))), key=ms.get, default=None)
         for name, value in ms.items():
             rows.append({"net": net_name, "option": name, "step_ms": value, "best_torch": best_torch,
-                         "vs_best_torch": ms[best_torch] / value})
+                         "vs_best_torch": ms[best_torch] / value if best_torch else None})
     print(f"{'net':<7} {'option':<12} {'step ms':>8} {'best torch / this':>18}")
     for r in rows:
-        print(f"{r['net']:<7} {r['option']:<12} {r['step_ms']:>8.2f} {r['vs_best_torch']:>17.2f}x")
-    if "native-1t" in chosen:
-        for r in (r for r in rows if r["option"] == "native-1t"):
-            verdict = "earns" if r["vs_best_torch"] >= KEEP_RATIO else "misses"
-            print(f"native on the {r['net']}'s step: {r['vs_best_torch']:.2f}x the best torch option "
-                  f"({r['best_torch']}); {verdict} the {KEEP_RATIO}x bar")
+        ratio = f"{r['vs_best_torch']:>17.2f}x" if r["best_torch"] else f"{'-':>18}"
+        print(f"{r['net']:<7} {r['option']:<12} {r['step_ms']:>8.2f} {ratio}")
+    for r in (r for r in rows if r["option"] == "native-1t" and r["best_torch"]):
+        verdict = "earns" if r["vs_best_torch"] >= KEEP_RATIO else "misses"
+        print(f"native on the {r['net']}'s step: {r['vs_best_torch']:.2f}x the best torch option "
+              f"({r['best_torch']}); {verdict} the {KEEP_RATIO}x bar")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"steps": args.steps, "rounds": args.rounds, "clock": args.clock, "rows": rows}
