@@ -92,12 +92,18 @@ def bn_relu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
             and bn.momentum is not None):
         return F.relu(bn(x))
     y, mean, var = _BatchNormReLU.apply(x, bn.weight, bn.bias, bn.eps)
-    with torch.no_grad():
-        count = x.numel() // x.shape[1]
-        bn.running_mean.lerp_(mean, bn.momentum)
-        bn.running_var.lerp_(var * count / max(count - 1, 1), bn.momentum)
-        bn.num_batches_tracked.add_(1)
+    update_running_stats(bn, x, mean, var)
     return y
+
+
+@torch.no_grad()
+def update_running_stats(bn: nn.BatchNorm2d, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
+    """bn's running statistics after a training batch x of this mean and biased variance, as torch's BatchNorm
+    updates them (the running variance is the unbiased one)."""
+    count = x.numel() // x.shape[1]
+    bn.running_mean.lerp_(mean, bn.momentum)
+    bn.running_var.lerp_(var * count / max(count - 1, 1), bn.momentum)
+    bn.num_batches_tracked.add_(1)
 
 
 class ConvBN(nn.Module):
@@ -113,7 +119,9 @@ class ConvBN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.conv(x)
         if native.served(z, self.bn):
-            return native.bn_relu_pool(z, self.bn, isinstance(self.pool, nn.MaxPool2d))
+            y, mean, var = native.bn_relu_pool(z, self.bn, isinstance(self.pool, nn.MaxPool2d))
+            update_running_stats(self.bn, z, mean, var)
+            return y
         return self.pool(bn_relu(z, self.bn))
 
 

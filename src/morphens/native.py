@@ -121,13 +121,7 @@ class _BatchNormReLUPool(torch.autograd.Function):
         return dz, dweight, dbias, None, None
 
 
-def bn_relu_pool(z: torch.Tensor, bn: nn.BatchNorm2d, pool: bool) -> torch.Tensor:
-    """relu(bn(z)), max-pooled 2x2 if `pool`, where `served(z, bn)`; bn's running statistics updated as torch
-    does in training."""
-    y, mean, var = _BatchNormReLUPool.apply(z, bn.weight, bn.bias, bn.eps, pool)
-    with torch.no_grad():
-        count = z.numel() // z.shape[1]
-        bn.running_mean.lerp_(mean, bn.momentum)
-        bn.running_var.lerp_(var * count / max(count - 1, 1), bn.momentum)
-        bn.num_batches_tracked.add_(1)
-    return y
+def bn_relu_pool(z: torch.Tensor, bn: nn.BatchNorm2d, pool: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """relu(bn(z)), max-pooled 2x2 if `pool`, where `served(z, bn)`, and the batch's mean and biased variance (for
+    bn's running statistics: models.update_running_stats)."""
+    return _BatchNormReLUPool.apply(z, bn.weight, bn.bias, bn.eps, pool)

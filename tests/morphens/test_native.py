@@ -7,9 +7,16 @@ import torch.nn.functional as F
 
 from morphens import native
 from morphens.arch import VGG, Conv
-from morphens.models import Net, to_channels_last
+from morphens.models import Net, to_channels_last, update_running_stats
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here")
+
+
+def _apply(z: torch.Tensor, bn: torch.nn.BatchNorm2d, pool: bool) -> torch.Tensor:
+    """What a served ConvBN does after its convolution."""
+    y, mean, var = native.bn_relu_pool(z, bn, pool)
+    update_running_stats(bn, z, mean, var)
+    return y
 
 
 def _bn(c: int) -> torch.nn.BatchNorm2d:
@@ -29,7 +36,7 @@ def test_matches_torch_in_float64(shape, pool):
     bn64 = torch.nn.BatchNorm2d(shape[1]).double().train()
     bn64.load_state_dict(bn.state_dict())
     assert native.served(z, bn)
-    y = native.bn_relu_pool(z, bn, pool)
+    y = _apply(z, bn, pool)
     z64 = z.detach().double().requires_grad_()
     y64 = F.relu(bn64(z64))
     y64 = F.max_pool2d(y64, 2) if pool else y64
@@ -48,7 +55,7 @@ def test_pooling_keeps_the_first_maximum_of_each_window():
     z = z.view(1, 1, 4, 4).repeat(2, 3, 1, 1).contiguous(memory_format=torch.channels_last).requires_grad_()
     bn = torch.nn.BatchNorm2d(3).train()
     g = torch.arange(24.0).view(2, 3, 2, 2)
-    got = torch.autograd.grad(native.bn_relu_pool(z, bn, True), z, g)[0]
+    got = torch.autograd.grad(_apply(z, bn, True), z, g)[0]
     z2 = z.detach().clone().requires_grad_()
     want = torch.autograd.grad(F.max_pool2d(F.relu(torch.nn.BatchNorm2d(3).train()(z2)), 2), z2, g)[0]
     torch.testing.assert_close(got, want)  # the last maximum winning moves a window's gradient to another input
