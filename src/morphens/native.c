@@ -15,64 +15,49 @@
 #define TILE 16
 #define FLUSH 64 /* tiles summed in float before their sums move to double */
 
-/* Per-channel sum of x - shift and of its square, in double. */
-static int moments(const float *restrict x, int64_t P, int64_t C, const float *restrict shift, double *restrict s1,
-                   double *restrict s2) {
-    const int64_t T = TILE * C, tiles = P / TILE;
-    float *f = malloc(sizeof(float) * 3 * T);
-    double *d = calloc(2 * T, sizeof(double));
-    if (!f || !d) {
-        free(f);
-        free(d);
-        return 0;
-    }
-    float *f1 = f, *f2 = f + T, *sh = f + 2 * T;
-    for (int64_t j = 0; j < T; j++) sh[j] = shift[j % C];
-    for (int64_t t0 = 0; t0 < tiles; t0 += FLUSH) {
-        for (int64_t j = 0; j < T; j++) f1[j] = f2[j] = 0;
-        const int64_t t1 = t0 + FLUSH < tiles ? t0 + FLUSH : tiles;
-        for (int64_t t = t0; t < t1; t++) {
-            const float *p = x + t * T;
-#pragma omp simd
-            for (int64_t j = 0; j < T; j++) {
-                const float v = p[j] - sh[j];
-                f1[j] += v;
-                f2[j] += v * v;
-            }
-        }
-        for (int64_t j = 0; j < T; j++) {
-            d[j] += f1[j];
-            d[T + j] += f2[j];
-        }
-    }
-    for (int64_t c = 0; c < C; c++) s1[c] = s2[c] = 0;
-    for (int64_t j = 0; j < T; j++) {
-        s1[j % C] += d[j];
-        s2[j % C] += d[T + j];
-    }
-    for (int64_t i = tiles * T; i < P * C; i++) {
-        const double v = (double)x[i] - shift[i % C];
-        s1[i % C] += v;
-        s2[i % C] += v * v;
-    }
-    free(f);
-    free(d);
-    return 1;
-}
+/* Per-channel sums of g and g * (x - m) in double, g and x given per element by G and X (macros of i, the element,
+ * and j = i mod T, its place in a tile of T = TILE * C values; channel j % C) over n elements. */
+#define SUMS(n, G, X)                                                                                          \
+    do {                                                                                                        \
+        const int64_t tiles_ = (n) / T;                                                                         \
+        for (int64_t t0 = 0; t0 < tiles_; t0 += FLUSH) {                                                       \
+            for (int64_t j = 0; j < T; j++) f1[j] = f2[j] = 0;                                                 \
+            const int64_t t1 = t0 + FLUSH < tiles_ ? t0 + FLUSH : tiles_;                                       \
+            for (int64_t t = t0; t < t1; t++) {                                                                 \
+                _Pragma("omp simd") for (int64_t j = 0; j < T; j++) {                                          \
+                    const int64_t i = t * T + j;                                                                \
+                    const float g = (G), x = (X);                                                               \
+                    f1[j] += g;                                                                                 \
+                    f2[j] += g * (x - m[j]);                                                                    \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int64_t j = 0; j < T; j++) d[j] += f1[j], d[T + j] += f2[j];                                 \
+        }                                                                                                       \
+        for (int64_t j = 0; j < T; j++) s[j % C] += d[j], s[C + j % C] += d[T + j];                           \
+        for (int64_t i = tiles_ * T; i < (n); i++) {                                                            \
+            const int64_t j = i % C;                                                                            \
+            const float g = (G), x = (X);                                                                       \
+            s[j] += g, s[C + j] += (double)g * (x - m[j]);                                                      \
+        }                                                                                                       \
+    } while (0)
 
 /* mean, var (biased) of z; scale = weight * rstd, shift = bias - mean * scale, the last two repeated n times. */
 static int statistics(const float *z, int64_t P, int64_t C, const float *weight, const float *bias, double eps,
                       float *mean, float *var, float *scale, float *shift, int64_t n) {
-    double *s = malloc(sizeof(double) * 2 * C);
-    if (!s) return 0;
-    /* Sums around the first pixel's values: a mean far from zero costs no precision. */
-    if (!moments(z, P, C, z, s, s + C)) {
-        free(s);
+    const int64_t T = TILE * C;
+    float *row = malloc(sizeof(float) * 3 * T);
+    double *s = calloc(2 * C, sizeof(double)), *d = calloc(2 * T, sizeof(double));
+    if (!row || !s || !d) {
+        free(row), free(s), free(d);
         return 0;
     }
+    /* Sums of z - m and its square around the first pixel's values: a mean far from zero costs no precision. */
+    float *m = row, *f1 = row + T, *f2 = row + 2 * T;
+    for (int64_t j = 0; j < T; j++) m[j] = z[j % C];
+    SUMS(P * C, z[i] - m[j], z[i]);
     for (int64_t c = 0; c < C; c++) {
-        const double m = s[c] / P, v = s[C + c] / P - m * m;
-        mean[c] = (float)(z[c] + m);
+        const double dm = s[c] / P, v = s[C + c] / P - dm * dm;
+        mean[c] = (float)(z[c] + dm);
         var[c] = (float)(v > 0 ? v : 0);
         const double a = weight[c] / sqrt((double)var[c] + eps);
         for (int64_t k = 0; k < n; k++) {
@@ -80,7 +65,7 @@ static int statistics(const float *z, int64_t P, int64_t C, const float *weight,
             shift[k * C + c] = (float)(bias[c] - mean[c] * a);
         }
     }
-    free(s);
+    free(row), free(s), free(d);
     return 1;
 }
 
@@ -154,32 +139,6 @@ int bn_relu_pool_forward(const float *restrict z, float *restrict y, int32_t *re
     free(buf);
     return 1;
 }
-
-/* Per-channel sums of g and g * (x - mean) in double, g and x given per element by G and X (macros of i, the element,
- * and j = i mod T, its place in a tile of T = TILE * C values; channel j % C) over n elements. */
-#define SUMS(n, G, X)                                                                                          \
-    do {                                                                                                        \
-        const int64_t tiles_ = (n) / T;                                                                         \
-        for (int64_t t0 = 0; t0 < tiles_; t0 += FLUSH) {                                                       \
-            for (int64_t j = 0; j < T; j++) f1[j] = f2[j] = 0;                                                 \
-            const int64_t t1 = t0 + FLUSH < tiles_ ? t0 + FLUSH : tiles_;                                       \
-            for (int64_t t = t0; t < t1; t++) {                                                                 \
-                _Pragma("omp simd") for (int64_t j = 0; j < T; j++) {                                          \
-                    const int64_t i = t * T + j;                                                                \
-                    const float g = (G), x = (X);                                                               \
-                    f1[j] += g;                                                                                 \
-                    f2[j] += g * (x - m[j]);                                                                    \
-                }                                                                                               \
-            }                                                                                                   \
-            for (int64_t j = 0; j < T; j++) d[j] += f1[j], d[T + j] += f2[j];                                 \
-        }                                                                                                       \
-        for (int64_t j = 0; j < T; j++) s[j % C] += d[j], s[C + j % C] += d[T + j];                           \
-        for (int64_t i = tiles_ * T; i < (n); i++) {                                                            \
-            const int64_t j = i % C;                                                                            \
-            const float g = (G), x = (X);                                                                       \
-            s[j] += g, s[C + j] += (double)g * (x - m[j]);                                                      \
-        }                                                                                                       \
-    } while (0)
 
 /* dz, dweight, dbias given dy (of y's shape; pooled or not, as in the forward pass), mean and var as the forward
  * pass returned them and, pooled, at_out and z_out. The ReLU's mask is recomputed from z (y > 0 where
